@@ -1,0 +1,47 @@
+"""The `pdserve` command line: one entry point that wires every part together."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from cluster import cli_generate
+
+DESCRIPTION = """\
+pdserve: a disaggregated prefill/decode LLM serving cluster.
+
+  pdserve generate   run the engine offline on a few prompts (greedy with --temperature 0)
+  pdserve bench      benchmarks (--offline: engine throughput vs Hugging Face transformers)
+
+Run `pdserve COMMAND --help` for the options of a command.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdserve",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    cli_generate.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args))
+    except ValueError as err:
+        # Bad input: say what was wrong and how to fix it, without a traceback.
+        print(f"pdserve {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC stubs (see proto/generate.py)."""
