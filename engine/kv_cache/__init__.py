@@ -1,0 +1,34 @@
+"""Paged KV-cache bookkeeping: block pool, block tables, prefix hashes (pure; no torch)."""
+
+from engine.kv_cache.block_pool import Block, BlockPool
+from engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
+from engine.kv_cache.hashing import (
+    BlockHash,
+    BlockHasher,
+    block_hashes,
+    encode_extra_keys,
+    hash_block,
+    make_extra_keys,
+)
+from engine.kv_cache.manager import ImportReservation, KVCacheManager, PrefixMatch
+from engine.kv_cache.sizing import kv_block_bytes, num_blocks_for_budget
+
+__all__ = [
+    "Block",
+    "BlockHash",
+    "BlockHasher",
+    "BlockPool",
+    "BlocksRemoved",
+    "BlocksStored",
+    "CacheCleared",
+    "ImportReservation",
+    "KVCacheEvent",
+    "KVCacheManager",
+    "PrefixMatch",
+    "block_hashes",
+    "encode_extra_keys",
+    "hash_block",
+    "kv_block_bytes",
+    "make_extra_keys",
+    "num_blocks_for_budget",
+]

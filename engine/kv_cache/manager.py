@@ -1,0 +1,311 @@
+"""Per-sequence block tables over a :class:`BlockPool`, with prefix caching and copy-on-write.
+
+Copy-on-write pairs queued by ``allocate`` are taken with
+:meth:`KVCacheManager.take_block_copies`; the runner must apply them in order before the
+forward pass (a block freed by one copy may be the destination of a later one).
+See ``block_table.py`` for the layout of one table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.kv_cache.block_pool import BlockPool
+from engine.kv_cache.block_table import SequenceBlocks
+from engine.kv_cache.events import KVCacheEvent
+from engine.kv_cache.hashing import BlockHash, BlockHasher, encode_extra_keys
+
+
+@dataclass(slots=True, frozen=True)
+class PrefixMatch:
+    """A prefix-cache hit: the leading cached blocks and how many tokens they cover.
+
+    ``block_hashes`` are the hashes of *all* full blocks of the looked-up tokens, so the
+    following ``allocate`` does not hash them again.
+    """
+
+    block_ids: tuple[int, ...] = ()
+    num_tokens: int = 0
+    block_hashes: tuple[BlockHash, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class ImportReservation:
+    """Blocks reserved on the receiving worker for a sequence's prompt KV.
+
+    ``block_ids[i]`` receives the sender's block ``i``. The first ``num_local_blocks`` are
+    already here (prefix cache), so the sender skips them: it sends ``blocks_to_receive``.
+    """
+
+    seq_id: str
+    block_ids: tuple[int, ...]
+    num_local_blocks: int
+    num_local_tokens: int
+
+    @property
+    def blocks_to_receive(self) -> tuple[int, ...]:
+        return self.block_ids[self.num_local_blocks :]
+
+
+class KVCacheManager:
+    """Block tables for all sequences of one worker. Pure bookkeeping: no tensors.
+
+    Back-pressure is a return value: ``allocate`` and ``reserve_for_import`` return None when
+    the pool is short of blocks, and then change nothing.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        extra_keys: Sequence[str] = (),
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self._pool = BlockPool(num_blocks)
+        self._block_size = block_size
+        self._caching = enable_prefix_caching
+        self._extra = encode_extra_keys(extra_keys)
+        self._seqs: dict[str, SequenceBlocks] = {}
+        self._copies: list[tuple[int, int]] = []
+        self.prefix_hit_tokens = 0
+        self.prefix_queried_tokens = 0
+
+    # -- sizes and stats -------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self._pool.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self._caching
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool held by sequences (free cached blocks count as free)."""
+        return self._pool.usage
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / max(1, self.prefix_queried_tokens)
+
+    @property
+    def pool(self) -> BlockPool:
+        """The underlying pool (read it; mutate only through this manager)."""
+        return self._pool
+
+    def num_blocks_for_tokens(self, num_tokens: int) -> int:
+        return -(-num_tokens // self._block_size)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def block_table(self, seq_id: str) -> tuple[int, ...]:
+        return tuple(self._state(seq_id).block_ids)
+
+    # -- prefix lookup and allocation ------------------------------------------------
+    def lookup_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
+        """Longest run of cached full blocks at the start of ``token_ids``.
+
+        Never the whole sequence: at most ``len(token_ids) - 1`` tokens, rounded down to whole
+        blocks, so the last token is always computed and yields logits. Changes nothing.
+        """
+        return self._match(token_ids, max(0, len(token_ids) - 1))
+
+    def allocate(
+        self,
+        seq_id: str,
+        token_ids: Sequence[int],
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        prefix: PrefixMatch | None = None,
+    ) -> list[int] | None:
+        """Make the block table cover ``num_computed_tokens + num_new_tokens`` positions.
+
+        ``token_ids`` are all the sequence's known tokens. On a sequence's first call,
+        ``prefix`` (from :meth:`lookup_prefix` on the same tokens, just before) is adopted and
+        ``num_computed_tokens`` must equal ``prefix.num_tokens``. Writing positions
+        ``num_computed_tokens ..`` into shared blocks triggers copy-on-write. Returns the
+        block table, or None (nothing changed) if the pool is short of blocks.
+        """
+        self._check_range(seq_id, token_ids, num_computed_tokens, num_new_tokens)
+        state = self._seqs.get(seq_id)
+        if state is None:
+            return self._allocate_first(
+                seq_id, token_ids, num_computed_tokens, num_new_tokens, prefix or PrefixMatch()
+            )
+        if prefix is not None:
+            raise ValueError(
+                f"sequence {seq_id!r} already holds {len(state.block_ids)} blocks; "
+                "pass a prefix only on its first allocate"
+            )
+        end = num_computed_tokens + num_new_tokens
+        num_grow = max(0, self.num_blocks_for_tokens(end) - len(state.block_ids))
+        shared = state.shared_write_indices(num_computed_tokens, end)
+        fresh = self._pool.allocate(num_grow + len(shared))
+        if fresh is None:
+            return None
+        self._copies += state.copy_on_write(shared, fresh[: len(shared)], num_computed_tokens)
+        state.block_ids.extend(fresh[len(shared) :])
+        state.commit(token_ids, num_computed_tokens)
+        return list(state.block_ids)
+
+    def commit_computed(
+        self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int
+    ) -> None:
+        """Register the sequence's full blocks whose tokens are all computed (KV written)."""
+        self._check_range(seq_id, token_ids, num_computed_tokens, 0)
+        self._state(seq_id).commit(token_ids, num_computed_tokens)
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """Give ``child_id`` the parent's whole block table (shared, ref_cnt + 1 each).
+
+        The child's tokens must equal the parent's over the computed positions it keeps.
+        """
+        parent = self._state(parent_id)
+        if child_id in self._seqs:
+            raise ValueError(f"cannot fork into {child_id!r}: it already holds blocks")
+        self._pool.touch(parent.block_ids)
+        hasher = parent.hasher.copy(parent.num_cached) if parent.hasher else None
+        self._seqs[child_id] = self._new_state(list(parent.block_ids), hasher, parent.num_cached)
+
+    def free(self, seq_id: str) -> None:
+        """Release the sequence's blocks, last block first (so its tail is evicted first)."""
+        state = self._seqs.pop(seq_id, None)
+        if state is None:
+            raise ValueError(f"free: sequence {seq_id!r} holds no blocks")
+        self._pool.free(reversed(state.block_ids))
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """Copy-on-write ``(src, dst)`` pairs queued since the last call, in order; clears."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    # -- disaggregation hooks --------------------------------------------------------
+    def reserve_for_import(self, seq_id: str, token_ids: Sequence[int]) -> ImportReservation | None:
+        """Reserve blocks for all of ``token_ids`` whose KV another worker computed.
+
+        Leading blocks already cached here are reused (and reported, so the sender skips
+        them); the rest are fresh. Returns None (nothing changed) if blocks are short. After
+        the transfer: :meth:`commit_import`, or :meth:`free` if it failed.
+        """
+        if not token_ids:
+            raise ValueError(f"reserve_for_import({seq_id!r}): token_ids is empty")
+        if seq_id in self._seqs:
+            raise ValueError(f"reserve_for_import: sequence {seq_id!r} already holds blocks")
+        match = self._match(token_ids, len(token_ids))
+        state = self._adopt(seq_id, token_ids, match, len(token_ids))
+        if state is None:
+            return None
+        state.import_token_ids = tuple(token_ids)
+        return ImportReservation(
+            seq_id, tuple(state.block_ids), len(match.block_ids), match.num_tokens
+        )
+
+    def commit_import(self, seq_id: str) -> None:
+        """The imported KV has landed: cache its full blocks. Idempotent."""
+        state = self._state(seq_id)
+        if state.import_token_ids is not None:
+            tokens, state.import_token_ids = state.import_token_ids, None
+            state.commit(tokens, len(tokens))
+
+    # -- cluster index ---------------------------------------------------------------
+    def drain_events(self) -> list[KVCacheEvent]:
+        return self._pool.drain_events()
+
+    def cached_block_hashes(self) -> tuple[BlockHash, ...]:
+        return self._pool.cached_block_hashes()
+
+    def reset_prefix_cache(self) -> None:
+        self._pool.reset_prefix_cache()
+
+    # -- internals -------------------------------------------------------------------
+    def _state(self, seq_id: str) -> SequenceBlocks:
+        state = self._seqs.get(seq_id)
+        if state is None:
+            raise ValueError(f"sequence {seq_id!r} holds no blocks (never allocated or freed)")
+        return state
+
+    def _new_state(
+        self, block_ids: list[int], hasher: BlockHasher | None, num_cached: int
+    ) -> SequenceBlocks:
+        return SequenceBlocks(self._pool, self._block_size, block_ids, hasher, num_cached)
+
+    def _check_range(
+        self, seq_id: str, token_ids: Sequence[int], num_computed: int, num_new: int
+    ) -> None:
+        if num_computed < 0 or num_new < 0 or num_computed + num_new > len(token_ids):
+            raise ValueError(
+                f"sequence {seq_id!r}: need 0 <= num_computed_tokens ({num_computed}) and "
+                f"0 <= num_new_tokens ({num_new}) with their sum <= {len(token_ids)} tokens"
+            )
+
+    def _match(self, token_ids: Sequence[int], max_tokens: int) -> PrefixMatch:
+        if not self._caching:
+            return PrefixMatch()
+        hashes = BlockHasher(self._block_size, encoded_extra_keys=self._extra).update(token_ids)
+        hit: list[int] = []
+        for block_hash in hashes[: max_tokens // self._block_size]:
+            block_id = self._pool.lookup(block_hash)
+            if block_id is None:
+                break
+            hit.append(block_id)
+        return PrefixMatch(tuple(hit), len(hit) * self._block_size, tuple(hashes))
+
+    def _allocate_first(
+        self,
+        seq_id: str,
+        token_ids: Sequence[int],
+        num_computed: int,
+        num_new: int,
+        prefix: PrefixMatch,
+    ) -> list[int] | None:
+        if num_computed != prefix.num_tokens:
+            raise ValueError(
+                f"sequence {seq_id!r}: first allocate needs num_computed_tokens "
+                f"({num_computed}) == the prefix hit ({prefix.num_tokens} tokens)"
+            )
+        state = self._adopt(seq_id, token_ids, prefix, num_computed + num_new)
+        if state is None:
+            return None
+        state.commit(token_ids, num_computed)
+        return list(state.block_ids)
+
+    def _adopt(
+        self, seq_id: str, token_ids: Sequence[int], prefix: PrefixMatch, num_tokens: int
+    ) -> SequenceBlocks | None:
+        """New state: prefix blocks (touched) + fresh blocks up to ``num_tokens`` positions."""
+        for block_id, block_hash in zip(prefix.block_ids, prefix.block_hashes, strict=False):
+            assert self._pool.block_hash(block_id) == block_hash, (
+                f"stale prefix match for {seq_id!r}: block {block_id} no longer caches "
+                f"{block_hash:#x}; look up right before allocating"
+            )
+        num_fresh = max(0, self.num_blocks_for_tokens(num_tokens) - len(prefix.block_ids))
+        num_revived = sum(1 for b in prefix.block_ids if self._pool.ref_count(b) == 0)
+        if self._pool.num_free_blocks < num_fresh + num_revived:
+            return None
+        self._pool.touch(prefix.block_ids)
+        fresh = self._pool.allocate(num_fresh)
+        assert fresh is not None, f"{num_fresh} free blocks were counted but not allocated"
+        hasher = None
+        if self._caching:
+            hasher = BlockHasher(
+                self._block_size,
+                encoded_extra_keys=self._extra,
+                known_hashes=prefix.block_hashes,
+            )
+            self.prefix_queried_tokens += len(token_ids)
+            self.prefix_hit_tokens += prefix.num_tokens
+        state = self._new_state(list(prefix.block_ids) + fresh, hasher, len(prefix.block_ids))
+        self._seqs[seq_id] = state
+        return state
