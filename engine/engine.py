@@ -1,0 +1,178 @@
+"""The step loop: ``plan = scheduler.schedule()`` → ``runner.execute(plan)`` →
+``scheduler.update(plan, sampled)``, plus the per-request bookkeeping around it
+(detokenization, stop strings, logprobs) that turns sampled ids into streamed outputs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.outputs import StepOutput, TokenLogprob
+from engine.sampler import Sampler, SampleRequest, SampleResult
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, Sequence, SequenceUpdate
+from engine.stop_strings import StopStringMatcher
+from engine.tokenizer import IncrementalDetokenizer
+from engine.worker_state import build_worker_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _SeqOutputState:
+    """Text-side state of one sequence: incremental detokenizer and stop strings."""
+
+    request_id: str
+    index: int
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher | None
+
+
+class LLMEngine:
+    """A model, its paged KV pool, a scheduler and a sampler, stepped by the caller."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        state = build_worker_state(config)
+        self.model_config = state.model_config
+        self.tokenizer = state.tokenizer
+        self.kv = state.kv
+        self.runner = state.runner
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.sampler = Sampler()
+        self.max_model_len = state.max_model_len
+        self._seqs: dict[str, Sequence] = {}
+        self._out: dict[str, _SeqOutputState] = {}
+        self._request_seqs: dict[str, list[str]] = {}
+
+    # -- requests ----------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        """Queue a request. Bad input raises ValueError and leaves the engine unchanged."""
+        self._validate(request_id, prompt_token_ids, params)
+        seqs = [
+            self._new_sequence(request_id, i, prompt_token_ids, params) for i in range(params.n)
+        ]
+        self._request_seqs[request_id] = [s.seq_id for s in seqs]
+        if len(seqs) == 1:
+            self.scheduler.add(seqs[0])
+        else:
+            self.scheduler.add_group(seqs)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its KV; False if it was not known (or already done)."""
+        seq_ids = self._request_seqs.pop(request_id, None)
+        if seq_ids is None:
+            return False
+        for seq_id in seq_ids:
+            self.scheduler.abort(seq_id)
+            self._out.pop(seq_id, None)
+            self._seqs.pop(seq_id, None)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the step ----------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        logits = self.runner.execute(plan)
+        sampled_chunks = [c for c in plan.chunks if c.sample]
+        results = self.sampler(logits, [self._sample_request(c.seq_id) for c in sampled_chunks])
+        by_seq = {c.seq_id: r for c, r in zip(sampled_chunks, results, strict=True)}
+        updates = self.scheduler.update(plan, {k: r.token_id for k, r in by_seq.items()})
+        return [out for u in updates if (out := self._emit(u, by_seq.get(u.seq_id)))]
+
+    # -- helpers -----------------------------------------------------------------------
+    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
+        if request_id in self._request_seqs:
+            raise ValueError(f"request_id {request_id!r} is already running; use a new id")
+        if not prompt:
+            raise ValueError("prompt is empty: give at least one token")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        total = len(prompt) + params.max_tokens
+        if len(prompt) >= self.max_model_len or total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds the context length {self.max_model_len}; shorten the prompt or "
+                "lower max_tokens"
+            )
+        capacity = self.kv.num_blocks * self.config.cache.block_size
+        if total > capacity:
+            raise ValueError(
+                f"prompt + max_tokens = {total} tokens cannot fit the KV pool "
+                f"({capacity} tokens); lower max_tokens or give the worker a larger pool"
+            )
+
+    def _new_sequence(
+        self, request_id: str, index: int, prompt: list[int], params: SamplingParams
+    ) -> Sequence:
+        seq_id = request_id if params.n == 1 else f"{request_id}#{index}"
+        seq = Sequence(
+            seq_id=seq_id,
+            prompt_token_ids=list(prompt),
+            params=params,
+            eos_token_id=self.tokenizer.eos_token_id,
+        )
+        self._seqs[seq_id] = seq
+        stops = (
+            StopStringMatcher(params.stop, params.include_stop_str_in_output)
+            if params.stop
+            else None
+        )
+        detok = self.tokenizer.incremental_detokenizer(prompt)
+        self._out[seq_id] = _SeqOutputState(request_id, index, detok, stops)
+        return seq
+
+    def _sample_request(self, seq_id: str) -> SampleRequest:
+        seq = self._seqs[seq_id]
+        out = self._out[seq_id]
+        return SampleRequest(seq.params, seq.prompt_token_ids, seq.output_token_ids, out.index)
+
+    def _emit(self, update: SequenceUpdate, result: SampleResult | None) -> StepOutput | None:
+        out = self._out.get(update.seq_id)
+        if out is None:
+            return None
+        token_ids: tuple[int, ...] = ()
+        text = ""
+        if update.new_token_id is not None:
+            token_ids = (update.new_token_id,)
+            text = out.detokenizer.add(update.new_token_id)
+        finish = update.finish_reason
+        if finish is not None:
+            text += out.detokenizer.flush()
+        if out.stops is not None:
+            text = out.stops.feed(text)
+            if out.stops.stopped and finish is None:
+                self.scheduler.finish(update.seq_id, "stop")
+                finish = "stop"
+            elif finish is not None:
+                text += out.stops.flush()
+        if finish is not None:
+            self._forget(update.seq_id)
+        if not token_ids and finish is None:
+            return None
+        logprobs = _logprobs(result) if token_ids else ()
+        return StepOutput(out.request_id, out.index, token_ids, text, logprobs, finish)
+
+    def _forget(self, seq_id: str) -> None:
+        out = self._out.pop(seq_id, None)
+        self._seqs.pop(seq_id, None)
+        if out is None:
+            return
+        siblings = self._request_seqs.get(out.request_id, [])
+        if all(s not in self._out for s in siblings):
+            self._request_seqs.pop(out.request_id, None)
+
+
+def _logprobs(result: SampleResult | None) -> tuple[TokenLogprob, ...]:
+    if result is None or result.logprob is None:
+        return ()
+    return (TokenLogprob(result.token_id, result.logprob, result.top_logprobs),)
