@@ -1,0 +1,172 @@
+"""Latency of the locality index's prefix lookup: 256-block prompt x 16 workers.
+
+Method: a real redis-server (embedded, or ``--redis-url``) on loopback; 16 registered prefill
+workers, each caching ``--blocks-per-worker`` blocks. The cached content follows a chat-like
+workload: ``--groups`` shared system prompts of 32 blocks (each worker holds a few groups),
+and multi-turn conversations of 256 blocks, each cached by 1-3 workers up to a random depth;
+the rest of every cache is unrelated blocks. Each lookup draws a conversation and asks all 16
+workers at once. Latency is wall time of ``LocalityIndex.longest_prefix`` (client hashing to
+hex, one EVALSHA, parsing); round trips are requests written to the socket, counted by a
+connection subclass.
+
+    .venv/bin/python -m bench.index_lookup [--lookups 2000] [--redis-url redis://...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from cluster.kv_events import KvEventSequencer
+from cluster.locality_index import LocalityIndex
+from cluster.redis_keys import RedisKeys
+from cluster.redis_server import embedded_or_external
+from cluster.registry import WorkerInfo, WorkerRegistry, WorkerRole
+
+PROMPT_BLOCKS = 256
+SYSTEM_BLOCKS = 32
+
+
+class _CountingConnection(redis.Connection):
+    sent = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        type(self).sent += 1
+        super().send_packed_command(command, check_health)
+
+
+@dataclass(slots=True, frozen=True)
+class LookupStats:
+    p50_us: float
+    p90_us: float
+    p99_us: float
+    mean_us: float
+    round_trips_per_lookup: float
+    server_us_per_lookup: float  # Redis's own time in the script (INFO commandstats)
+    mean_prefix_blocks: float  # over all (lookup, worker) pairs
+
+
+def _conversations(rng: random.Random, groups: int, count: int) -> list[list[int]]:
+    systems = [[rng.getrandbits(64) for _ in range(SYSTEM_BLOCKS)] for _ in range(groups)]
+    tail = PROMPT_BLOCKS - SYSTEM_BLOCKS
+    return [
+        systems[rng.randrange(groups)] + [rng.getrandbits(64) for _ in range(tail)]
+        for _ in range(count)
+    ]
+
+
+def _worker_caches(
+    rng: random.Random, convs: list[list[int]], workers: int, blocks_per_worker: int
+) -> list[set[int]]:
+    caches: list[set[int]] = [set() for _ in range(workers)]
+    for conv in convs:  # each conversation cached by 1-3 workers, to a random depth
+        depth = rng.randrange(SYSTEM_BLOCKS, PROMPT_BLOCKS + 1)
+        for w in rng.sample(range(workers), rng.randint(1, 3)):
+            caches[w].update(conv[:depth])
+    for cache in caches:  # unrelated traffic fills the rest of each cache
+        while len(cache) < blocks_per_worker:
+            cache.add(rng.getrandbits(64))
+    return caches
+
+
+def _populate(client: redis.Redis, keys: RedisKeys, caches: list[set[int]]) -> list[str]:
+    registry, index = WorkerRegistry(client, keys, lease_s=600), LocalityIndex(client, keys)
+    ids = []
+    for i, cache in enumerate(caches):
+        info = WorkerInfo(f"prefill-{i:02d}", WorkerRole.PREFILL, f"127.0.0.1:{7000 + i}",
+                          "SmolLM2-135M-Instruct", 8192, 16, registry.allocate_epoch())  # fmt: skip
+        registry.register(info)
+        index.apply([KvEventSequencer(info.worker_id, info.epoch).snapshot(sorted(cache))])
+        ids.append(info.worker_id)
+    return ids
+
+
+def _evalsha_usec_calls(client: redis.Redis) -> tuple[int, int]:
+    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("usec", 0)), int(stats.get("calls", 0))
+
+
+def measure(
+    client: redis.Redis, index: LocalityIndex, prompts: list[list[int]], ids: list[str]
+) -> LookupStats:
+    """Time one ``longest_prefix`` per prompt (after a short warm-up)."""
+    for prompt in prompts[:50]:
+        index.longest_prefix(prompt, ids)
+    latencies_us: list[float] = []
+    found: list[int] = []
+    usec_before, calls_before = _evalsha_usec_calls(client)
+    sent_before = _CountingConnection.sent
+    for prompt in prompts:
+        start = time.perf_counter_ns()
+        result = index.longest_prefix(prompt, ids)
+        latencies_us.append((time.perf_counter_ns() - start) / 1000)
+        found.extend(result.values())
+    trips = (_CountingConnection.sent - sent_before) / len(prompts)
+    usec_after, calls_after = _evalsha_usec_calls(client)
+    server_us = (usec_after - usec_before) / max(1, calls_after - calls_before)
+    q = statistics.quantiles(latencies_us, n=100)
+    return LookupStats(q[49], q[89], q[98], statistics.fmean(latencies_us), trips, server_us,
+                       statistics.fmean(found))  # fmt: skip
+
+
+def run(url: str, lookups: int, groups: int, blocks_per_worker: int, seed: int) -> None:
+    rng = random.Random(seed)
+    pool = redis.ConnectionPool.from_url(url, connection_class=_CountingConnection)
+    client = redis.Redis(connection_pool=pool)
+    keys = RedisKeys(f"bench{rng.getrandbits(32):08x}:")
+    convs = _conversations(rng, groups, 400)
+    ids = _populate(client, keys, _worker_caches(rng, convs, 16, blocks_per_worker))
+    index = LocalityIndex(client, keys)
+    cases = {
+        "chat overlap": [rng.choice(convs) for _ in range(lookups)],
+        "cold (no hit)": [[rng.getrandbits(64) for _ in range(PROMPT_BLOCKS)]] * lookups,
+        "all hold all": _all_hold_all(client, keys, rng, lookups),
+    }
+    print(f"{'case':<14} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8} {'mean us':>8} "
+          f"{'trips':>6} {'server us':>9} {'avg hit blk':>11}")  # fmt: skip
+    for name, prompts in cases.items():
+        s = measure(client, index, prompts, ids if name != "all hold all" else _ALL_IDS)
+        print(f"{name:<14} {s.p50_us:8.0f} {s.p90_us:8.0f} {s.p99_us:8.0f} {s.mean_us:8.0f} "
+              f"{s.round_trips_per_lookup:6.2f} {s.server_us_per_lookup:9.0f} "
+              f"{s.mean_prefix_blocks:11.1f}")  # fmt: skip
+    for key in client.scan_iter(match=keys.prefix + "*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+_ALL_IDS = [f"full-{i:02d}" for i in range(16)]
+
+
+def _all_hold_all(
+    client: redis.Redis, keys: RedisKeys, rng: random.Random, lookups: int
+) -> list[list[int]]:
+    # Worst case for the script: every worker holds every block, so nobody drops out early.
+    prompt = [rng.getrandbits(64) for _ in range(PROMPT_BLOCKS)]
+    registry, index = WorkerRegistry(client, keys, lease_s=600), LocalityIndex(client, keys)
+    for worker_id in _ALL_IDS:
+        epoch = registry.allocate_epoch()
+        registry.register(WorkerInfo(worker_id, WorkerRole.PREFILL, "x:1", "m", 512, 16, epoch))
+        index.apply([KvEventSequencer(worker_id, epoch).snapshot(prompt)])
+    return [prompt] * lookups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--redis-url", default=None, help="use this Redis; default: embedded")
+    parser.add_argument("--lookups", type=int, default=2000)
+    parser.add_argument("--groups", type=int, default=8, help="distinct system prompts")
+    parser.add_argument("--blocks-per-worker", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    with embedded_or_external(args.redis_url) as url:
+        run(url, args.lookups, args.groups, args.blocks_per_worker, args.seed)
+
+
+if __name__ == "__main__":
+    main()

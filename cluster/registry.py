@@ -1,0 +1,245 @@
+"""Worker registry in Redis: registrations under a lease (key TTL) that workers renew.
+
+A worker process allocates an epoch (its incarnation number) once at start, registers, and
+then calls :meth:`WorkerRegistry.heartbeat` well inside the lease. A worker whose lease lapses
+is gone: :meth:`WorkerRegistry.list_workers` no longer returns it and the locality index stops
+counting its blocks. On ``LEASE_LOST`` (lease lapsed, or Redis restarted) the worker registers
+again and publishes a KV snapshot; see docs/redis-schema.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+
+import redis
+
+from cluster.redis_keys import RedisKeys, check_worker_id
+
+
+class WorkerRole(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    COLOCATED = "colocated"
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerLoad:
+    """What a heartbeat carries. ``extra`` holds free-form gauges (name, value)."""
+
+    waiting_requests: int = 0
+    running_requests: int = 0
+    free_blocks: int = 0
+    extra: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        counts = (self.waiting_requests, self.running_requests, self.free_blocks)
+        if min(counts) < 0:
+            raise ValueError(f"load counts must be >= 0, got (waiting, running, free)={counts}")
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerInfo:
+    """One worker's registration. ``epoch`` comes from :meth:`WorkerRegistry.allocate_epoch`."""
+
+    worker_id: str
+    role: WorkerRole
+    address: str
+    model: str
+    kv_capacity_blocks: int
+    block_size: int
+    epoch: int
+    load: WorkerLoad = WorkerLoad()
+
+    def __post_init__(self) -> None:
+        check_worker_id(self.worker_id)
+        if self.role not in {r.value for r in WorkerRole}:
+            roles = [r.value for r in WorkerRole]
+            raise ValueError(f"role must be one of {roles}, got {self.role!r}")
+        # Accept the plain string too ("prefill"), stored as the enum.
+        object.__setattr__(self, "role", WorkerRole(self.role))
+        if not self.address or not self.model:
+            raise ValueError(
+                f"address and model must be non-empty, got {self.address!r}, {self.model!r}"
+            )
+        if self.kv_capacity_blocks <= 0 or self.block_size <= 0 or self.epoch <= 0:
+            raise ValueError(
+                "kv_capacity_blocks, block_size and epoch must be > 0, got "
+                f"{self.kv_capacity_blocks}, {self.block_size}, {self.epoch}"
+            )
+
+
+class HeartbeatStatus(IntEnum):
+    LEASE_LOST = 0  # no registration for this epoch: register again, then publish a snapshot
+    OK = 1
+    SUPERSEDED = 2  # a newer incarnation of this worker_id registered: this process must stop
+
+
+@dataclass(slots=True, frozen=True)
+class HeartbeatReply:
+    status: HeartbeatStatus
+    snapshot_wanted: bool  # the locality index saw a seq gap and waits for a snapshot
+
+
+# KEYS: epoch counter. Max(last + 1, Redis clock in µs): unique while Redis lives, and still
+# growing after a Redis restart wiped the counter (µs since 1970 < 2^53: exact in Lua doubles).
+_ALLOCATE_EPOCH_LUA = """
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+local epoch = math.max(last + 1, now_us)
+redis.call('SET', KEYS[1], string.format('%d', epoch))
+return epoch
+"""
+
+# KEYS: worker hash, workers set. ARGV: worker_id, epoch, lease_ms, field, value, ...
+_REGISTER_LUA = """
+local cur = redis.call('HGET', KEYS[1], 'epoch')
+if cur and tonumber(cur) > tonumber(ARGV[2]) then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: worker hash, index state hash. ARGV: epoch, lease_ms, field, value, ...
+_HEARTBEAT_LUA = """
+local cur = redis.call('HGET', KEYS[1], 'epoch')
+if not cur then return {0, 0} end
+if cur ~= ARGV[1] then
+  if tonumber(cur) > tonumber(ARGV[1]) then return {2, 0} end
+  return {0, 0}
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local snap = redis.call('HGET', KEYS[2], 'snap')
+if snap == '1' then return {1, 1} end
+return {1, 0}
+"""
+
+# KEYS: worker hash, workers set. ARGV: worker_id, epoch.
+_DEREGISTER_LUA = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: workers set. ARGV: worker key prefix. Returns {id, {field, value, ...}} for live ones
+# and prunes ids whose lease lapsed.
+_LIST_LUA = """
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local fields = redis.call('HGETALL', ARGV[1] .. id)
+  if #fields == 0 then
+    redis.call('SREM', KEYS[1], id)
+  else
+    out[#out + 1] = fields
+  end
+end
+return out
+"""
+
+
+def _load_fields(load: WorkerLoad) -> list[str | int]:
+    return [
+        "waiting", load.waiting_requests,
+        "running", load.running_requests,
+        "free_blocks", load.free_blocks,
+        "extra", json.dumps(dict(load.extra)),
+    ]  # fmt: skip
+
+
+def _info_fields(info: WorkerInfo) -> list[str | int]:
+    return [
+        "worker_id", info.worker_id,
+        "role", info.role.value,
+        "address", info.address,
+        "model", info.model,
+        "kv_capacity_blocks", info.kv_capacity_blocks,
+        "block_size", info.block_size,
+        "epoch", info.epoch,
+        *_load_fields(info.load),
+    ]  # fmt: skip
+
+
+def _text(value: bytes | str) -> str:
+    # Works whether or not the client was made with decode_responses=True.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _parse_info(flat: list[bytes | str]) -> WorkerInfo:
+    f = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+    extra = json.loads(f["extra"])
+    load = WorkerLoad(
+        int(f["waiting"]), int(f["running"]), int(f["free_blocks"]),
+        tuple(sorted((str(k), float(v)) for k, v in extra.items())),
+    )  # fmt: skip
+    return WorkerInfo(
+        worker_id=f["worker_id"],
+        role=WorkerRole(f["role"]),
+        address=f["address"],
+        model=f["model"],
+        kv_capacity_blocks=int(f["kv_capacity_blocks"]),
+        block_size=int(f["block_size"]),
+        epoch=int(f["epoch"]),
+        load=load,
+    )
+
+
+class WorkerRegistry:
+    """Registrations of workers under leases of ``lease_s`` seconds, in one Redis."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys, lease_s: float = 10.0) -> None:
+        if lease_s < 0.01:
+            raise ValueError(f"lease_s must be >= 0.01 (Redis TTLs are in ms), got {lease_s}")
+        self._client = client
+        self._keys = keys
+        self.lease_ms = round(lease_s * 1000)
+        self._allocate = client.register_script(_ALLOCATE_EPOCH_LUA)
+        self._register = client.register_script(_REGISTER_LUA)
+        self._heartbeat = client.register_script(_HEARTBEAT_LUA)
+        self._deregister = client.register_script(_DEREGISTER_LUA)
+        self._list = client.register_script(_LIST_LUA)
+
+    def allocate_epoch(self) -> int:
+        """A new incarnation number, larger than any handed out before by this Redis."""
+        return int(self._allocate(keys=[self._keys.epoch_counter]))
+
+    def register(self, info: WorkerInfo) -> bool:
+        """Register (or re-register) ``info`` under a fresh lease.
+
+        Returns False, changing nothing, when a newer epoch of the same worker_id is registered
+        (this process is a stale incarnation).
+        """
+        keys = [self._keys.worker(info.worker_id), self._keys.workers]
+        args = [info.worker_id, info.epoch, self.lease_ms, *_info_fields(info)]
+        return bool(self._register(keys=keys, args=args))
+
+    def heartbeat(self, worker_id: str, epoch: int, load: WorkerLoad) -> HeartbeatReply:
+        """Renew the lease and publish ``load``; the reply says whether to re-register."""
+        keys = [self._keys.worker(check_worker_id(worker_id)), self._keys.index_state(worker_id)]
+        status, snap = self._heartbeat(keys=keys, args=[epoch, self.lease_ms, *_load_fields(load)])
+        return HeartbeatReply(HeartbeatStatus(int(status)), bool(snap))
+
+    def deregister(self, worker_id: str, epoch: int) -> bool:
+        """Remove the registration if it is still this epoch's; True if one was removed."""
+        keys = [self._keys.worker(check_worker_id(worker_id)), self._keys.workers]
+        return bool(self._deregister(keys=keys, args=[worker_id, epoch]))
+
+    def get(self, worker_id: str) -> WorkerInfo | None:
+        """The live registration of ``worker_id``, or None."""
+        flat = self._client.hgetall(self._keys.worker(check_worker_id(worker_id)))
+        if not flat:
+            return None
+        return _parse_info([x for kv in flat.items() for x in kv])
+
+    def list_workers(self, role: WorkerRole | None = None) -> list[WorkerInfo]:
+        """Live workers (lease not lapsed), optionally of one role, sorted by worker_id."""
+        rows = self._list(keys=[self._keys.workers], args=[self._keys.worker("")])
+        infos = [_parse_info(row) for row in rows]
+        if role is not None:
+            infos = [i for i in infos if i.role == role]
+        return sorted(infos, key=lambda i: i.worker_id)

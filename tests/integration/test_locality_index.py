@@ -1,0 +1,352 @@
+"""Locality index against a real redis-server, checked against a pure-Python model."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cluster.kv_events import KvCleared, KvEvent, KvEventSequencer, KvSnapshot, KvStored
+from cluster.locality_index import ApplyStatus, LocalityIndex
+from cluster.redis_keys import RedisKeys
+from cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
+from cluster.registry import HeartbeatStatus, WorkerInfo, WorkerLoad, WorkerRegistry, WorkerRole
+
+WORKERS = ("w0", "w1")
+UNIVERSE = range(10)
+PROMPT_BLOCKS = 256
+
+
+def _info(worker_id: str, epoch: int) -> WorkerInfo:
+    return WorkerInfo(worker_id, WorkerRole.PREFILL, "127.0.0.1:1", "m", 64, 16, epoch)
+
+
+def _leading(prompt: list[int], held: set[int]) -> int:
+    count = 0
+    while count < len(prompt) and prompt[count] in held:
+        count += 1
+    return count
+
+
+@dataclass
+class _ModelState:
+    epoch: int
+    seq: int = 0
+    awaiting: bool = False
+    blocks: set[int] = field(default_factory=set)
+
+
+class ModelIndex:
+    """The index rules of docs/redis-schema.md, written independently in plain Python."""
+
+    def __init__(self) -> None:
+        self.registered: dict[str, int] = {}
+        self.state: dict[str, _ModelState] = {}
+
+    def apply(self, ev: KvEvent) -> ApplyStatus:
+        reg = self.registered.get(ev.worker_id)
+        if reg is None or reg < ev.epoch:
+            return ApplyStatus.NOT_REGISTERED
+        st = self.state.get(ev.worker_id)
+        if reg > ev.epoch or (st is not None and st.epoch > ev.epoch):
+            return ApplyStatus.STALE_EPOCH
+        if st is None or st.epoch != ev.epoch:
+            st = self.state[ev.worker_id] = _ModelState(ev.epoch)
+        if isinstance(ev, KvSnapshot):
+            if ev.seq <= st.seq:
+                return ApplyStatus.DUPLICATE
+            st.blocks, st.seq, st.awaiting = {int(h) for h in ev.block_hashes}, ev.seq, False
+            return ApplyStatus.APPLIED
+        if st.awaiting:
+            return ApplyStatus.AWAITING_SNAPSHOT
+        if ev.seq <= st.seq:
+            return ApplyStatus.DUPLICATE
+        if ev.seq > st.seq + 1:
+            st.awaiting = True
+            return ApplyStatus.GAP
+        st.seq = ev.seq
+        if isinstance(ev, KvCleared):
+            st.blocks.clear()
+        elif isinstance(ev, KvStored):
+            st.blocks |= {int(h) for h in ev.block_hashes}
+        else:
+            st.blocks -= {int(h) for h in ev.block_hashes}
+        return ApplyStatus.APPLIED
+
+    def longest_prefix(self, prompt: list[int], ids: list[str]) -> dict[str, int]:
+        out = {}
+        for w in ids:
+            st = self.state.get(w)
+            ok = st is not None and not st.awaiting and self.registered.get(w) == st.epoch
+            out[w] = _leading(prompt, st.blocks) if ok and st is not None else 0
+        return out
+
+
+class _Worker:
+    """A simulated worker: its true cache, its sequencer, and how it registers."""
+
+    def __init__(self, worker_id: str, registry: WorkerRegistry) -> None:
+        self.worker_id, self.registry = worker_id, registry
+        self.held: set[int] = set()
+        self.start()
+
+    def start(self) -> None:
+        self.held = set()
+        self.seq = KvEventSequencer(self.worker_id, self.registry.allocate_epoch())
+        assert self.registry.register(_info(self.worker_id, self.seq.epoch))
+
+    def snapshot(self) -> KvSnapshot:
+        return self.seq.snapshot(sorted(self.held))
+
+
+# 'restart' delivers what is pending first; 'crash' restarts with events still in flight
+# (they arrive after the new incarnation registered, so they are stale).
+OPS = ("store", "store", "remove", "clear", "lose", "dup", "restart", "crash", "snapshot", "flush")
+ops = st.tuples(
+    st.sampled_from(OPS), st.sampled_from(WORKERS), st.frozensets(st.sampled_from(UNIVERSE))
+)
+
+
+def _step(op: str, worker: _Worker, hashes: frozenset[int]) -> KvEvent | None:
+    """Change the worker's true cache for ``op``; return the event it publishes, if any."""
+    if op in ("store", "lose"):
+        worker.held |= hashes
+        event: KvEvent = worker.seq.stored(sorted(hashes))
+        # 'lose': numbered and applied to the cache, but the event never reaches the index.
+        return event if op == "store" else None
+    if op == "remove":
+        worker.held -= hashes
+        return worker.seq.removed(sorted(hashes))
+    if op == "clear":
+        worker.held = set()
+        return worker.seq.cleared()
+    assert op == "snapshot", f"unexpected op {op!r}"
+    return worker.snapshot()
+
+
+def _check_batch(index: LocalityIndex, model: ModelIndex, batch: list[KvEvent]) -> None:
+    expected = [model.apply(ev) for ev in batch]
+    result = index.apply(batch)
+    assert list(result.statuses) == expected
+    owing = {w for w, s in model.state.items() if s.awaiting}
+    gapped = {ev.worker_id for ev, s in zip(batch, expected, strict=True) if s in _OWING}
+    assert result.snapshot_requests == gapped & owing
+
+
+_OWING = (ApplyStatus.GAP, ApplyStatus.AWAITING_SNAPSHOT)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    script=st.lists(ops, min_size=10, max_size=50),
+    prompts=st.lists(st.permutations(list(UNIVERSE)), min_size=1, max_size=3),
+)
+def test_matches_model_on_random_event_sequences(
+    redis_client: redis.Redis,
+    script: list[tuple[str, str, frozenset[int]]],
+    prompts: list[list[int]],
+) -> None:
+    keys = RedisKeys(f"h{uuid.uuid4().hex[:12]}:")
+    registry = WorkerRegistry(redis_client, keys, lease_s=60)
+    index, model = LocalityIndex(redis_client, keys), ModelIndex()
+    workers = {w: _Worker(w, registry) for w in WORKERS}
+    model.registered = {w: x.seq.epoch for w, x in workers.items()}
+    pending: list[KvEvent] = []
+    last: dict[str, KvEvent] = {}
+    for op, w, hashes in script:
+        if op in ("flush", "restart"):
+            _check_batch(index, model, pending)
+            pending = []
+        if op in ("flush", "restart", "crash"):
+            if op != "flush":
+                workers[w].start()
+                model.registered[w] = workers[w].seq.epoch
+        elif op == "dup":
+            pending += [last[w]] if w in last else []
+        elif (event := _step(op, workers[w], hashes)) is not None:
+            last[w] = event
+            pending.append(event)
+    _check_batch(index, model, pending)
+
+    ids = list(WORKERS)
+    for prompt in prompts:
+        assert index.longest_prefix(prompt, ids) == model.longest_prefix(prompt, ids)
+    for w, state in model.state.items():  # reverse sets agree with the model
+        assert index.blocks_of(w) == state.blocks
+    for h in UNIVERSE:  # forward sets agree with the model
+        assert index.holders(h) == {w for w, s in model.state.items() if h in s.blocks}
+
+    # Once every worker has published a snapshot, the index is the truth.
+    index.apply([x.snapshot() for x in workers.values()])
+    for prompt in prompts:
+        truth = {w: _leading(prompt, x.held) for w, x in workers.items()}
+        assert index.longest_prefix(prompt, ids) == truth
+
+
+@pytest.fixture()
+def index(redis_client: redis.Redis, keys: RedisKeys) -> LocalityIndex:
+    return LocalityIndex(redis_client, keys)
+
+
+@pytest.fixture()
+def registry(redis_client: redis.Redis, keys: RedisKeys) -> WorkerRegistry:
+    return WorkerRegistry(redis_client, keys, lease_s=30)
+
+
+def test_new_epoch_drops_stale_entries(
+    registry: WorkerRegistry, index: LocalityIndex, redis_client: redis.Redis, keys: RedisKeys
+) -> None:
+    worker = _Worker("w0", registry)
+    old_seq = worker.seq
+    assert index.apply([old_seq.stored([1, 2, 3])]).statuses == (ApplyStatus.APPLIED,)
+    assert index.longest_prefix([1, 2, 3, 4], ["w0"]) == {"w0": 3}
+
+    worker.start()  # the process restarted: new epoch, empty cache
+    # Not current any more, even before the new incarnation has published anything.
+    assert index.longest_prefix([1, 2, 3, 4], ["w0"]) == {"w0": 0}
+    result = index.apply([worker.seq.stored([1]), old_seq.stored([2, 3])])
+    assert result.statuses == (ApplyStatus.APPLIED, ApplyStatus.STALE_EPOCH)
+    assert index.blocks_of("w0") == {1}
+    assert not redis_client.exists(keys.block_bits(2)), "an empty bitmap is deleted"
+    assert index.longest_prefix([1, 2, 3, 4], ["w0"]) == {"w0": 1}
+
+
+def test_seq_gap_requests_snapshot_and_ignores_deltas(
+    registry: WorkerRegistry, index: LocalityIndex
+) -> None:
+    worker = _Worker("w0", registry)
+    seq = worker.seq
+    index.apply([seq.stored([1, 2])])
+    seq.stored([3])  # lost on the way
+    result = index.apply([seq.stored([4]), seq.removed([1])])
+    assert result.statuses == (ApplyStatus.GAP, ApplyStatus.AWAITING_SNAPSHOT)
+    assert result.snapshot_requests == {"w0"}
+    assert index.longest_prefix([1, 2], ["w0"]) == {"w0": 0}, "entries are stale until snapshot"
+    assert index.blocks_of("w0") == {1, 2}, "delta ignored"
+    reply = registry.heartbeat("w0", seq.epoch, WorkerLoad())
+    assert reply.status == HeartbeatStatus.OK and reply.snapshot_wanted
+
+    result = index.apply([seq.snapshot([2, 3, 4]), seq.stored([5])])
+    assert result.statuses == (ApplyStatus.APPLIED, ApplyStatus.APPLIED)
+    assert result.snapshot_requests == frozenset()
+    assert not registry.heartbeat("w0", seq.epoch, WorkerLoad()).snapshot_wanted
+    assert index.longest_prefix([2, 3, 4, 5, 1], ["w0"]) == {"w0": 4}
+
+
+def test_lease_expiry_drops_entries(redis_client: redis.Redis, keys: RedisKeys) -> None:
+    registry = WorkerRegistry(redis_client, keys, lease_s=1.0)
+    index = LocalityIndex(redis_client, keys)
+    dying, living = _Worker("dying", registry), _Worker("living", registry)
+    index.apply([dying.seq.stored([1, 2]), living.seq.stored([1])])
+    for _ in range(3):
+        time.sleep(0.5)
+        registry.heartbeat("living", living.seq.epoch, WorkerLoad())
+    assert index.longest_prefix([1, 2], ["dying", "living"]) == {"dying": 0, "living": 1}
+    assert index.sweep() == ["dying"]
+    assert index.blocks_of("dying") == set()
+    assert index.sweep() == []
+    # The worker was only paused: it learns its lease is gone, re-registers and re-publishes.
+    reply = registry.heartbeat("dying", dying.seq.epoch, WorkerLoad())
+    assert reply.status == HeartbeatStatus.LEASE_LOST
+    assert registry.register(_info("dying", dying.seq.epoch))
+    dying.held = {1, 2}
+    assert index.apply([dying.seq.stored([3])]).statuses == (ApplyStatus.GAP,)
+    assert index.apply([dying.snapshot()]).statuses == (ApplyStatus.APPLIED,)
+    assert index.longest_prefix([1, 2], ["dying", "living"]) == {"dying": 2, "living": 1}
+
+
+@pytest.mark.parametrize("num_workers", [16, 40])  # 40: bitmap slots span two 32-bit words
+def test_lookup_256_blocks_one_round_trip(
+    counting_client: tuple[redis.Redis, Callable[[], int]], keys: RedisKeys, num_workers: int
+) -> None:
+    client, sent = counting_client
+    registry = WorkerRegistry(client, keys, lease_s=30)
+    index = LocalityIndex(client, keys)
+    rng = random.Random(7)
+    prompt = [rng.getrandbits(64) for _ in range(PROMPT_BLOCKS)]
+    workers = [_Worker(f"w{i:02d}", registry) for i in range(num_workers)]
+    held: dict[str, set[int]] = {}
+    for i, worker in enumerate(workers):  # a random prefix, plus later blocks past a hole
+        n = PROMPT_BLOCKS if i == 0 else rng.randrange(0, PROMPT_BLOCKS + 1)
+        held[worker.worker_id] = set(prompt[:n]) | set(rng.sample(prompt, 20))
+        index.apply([worker.seq.stored(sorted(held[worker.worker_id]))])
+    ids = [w.worker_id for w in workers] + ["unknown"]
+    expected = {w: _leading(prompt, held.get(w, set())) for w in ids}
+    assert len(set(expected.values())) > 5, "the workload should give varied answers"
+
+    before_server = _evalsha_calls(client)  # INFO is a request too: read it outside the count
+    before_client = sent()
+    assert index.longest_prefix(prompt, ids) == expected
+    assert sent() - before_client == 1, "longest_prefix must be one request"
+    assert _evalsha_calls(client) - before_server == 1
+
+
+def _evalsha_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_bytes_hashes_and_bad_input(registry: WorkerRegistry, index: LocalityIndex) -> None:
+    worker = _Worker("w0", registry)
+    blocks = [bytes([i]) * 8 for i in range(4)]
+    index.apply([worker.seq.stored(blocks[:3])])
+    assert index.longest_prefix(blocks, ["w0", "w0"]) == {"w0": 3}
+    assert index.longest_prefix([], ["w0"]) == {"w0": 0}
+    assert index.longest_prefix(blocks, []) == {}
+    for bad in (-1, 1 << 64, b"", b"1234567", "abcdefgh", 1.0):
+        with pytest.raises(ValueError):
+            index.longest_prefix([bad], ["w0"])  # type: ignore[list-item]
+    with pytest.raises(ValueError):
+        index.longest_prefix(blocks, ["no spaces allowed"])
+    with pytest.raises(ValueError):
+        index.apply([KvStored("w0", worker.seq.epoch, 0, (1,))])
+
+
+def test_redis_restart_is_detected_and_rebuilt_from_snapshots() -> None:
+    server = RedisServer(RedisServerConfig(port=free_loopback_port())).start()
+    try:
+        client = connect(server.url)
+        keys = RedisKeys("restart:")
+        registry, index = WorkerRegistry(client, keys, lease_s=30), LocalityIndex(client, keys)
+        workers = [_Worker(f"w{i}", registry) for i in range(3)]
+        for i, worker in enumerate(workers):
+            worker.held = set(range(i + 2))
+            index.apply([worker.seq.stored(sorted(worker.held))])
+        prompt, ids = list(range(6)), [w.worker_id for w in workers]
+        before = index.longest_prefix(prompt, ids)
+        assert before == {"w0": 2, "w1": 3, "w2": 4}
+
+        server.stop()
+        server.start()  # same port, empty (no persistence); the client reconnects
+        assert index.check_restart()
+        assert not index.check_restart(), "reported once"
+        assert index.longest_prefix(prompt, ids) == dict.fromkeys(ids, 0)
+        for worker in workers:  # each worker's heartbeat tells it to re-register + snapshot
+            reply = registry.heartbeat(worker.worker_id, worker.seq.epoch, WorkerLoad())
+            assert reply.status == HeartbeatStatus.LEASE_LOST
+            assert registry.register(_info(worker.worker_id, worker.seq.epoch))
+            assert index.apply([worker.snapshot()]).statuses == (ApplyStatus.APPLIED,)
+        assert index.longest_prefix(prompt, ids) == before
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_index_works_with_auth() -> None:
+    with RedisServer(RedisServerConfig(password="pw-for-index")) as server:
+        client = connect(server.url)
+        keys = RedisKeys("auth:")
+        worker = _Worker("w0", WorkerRegistry(client, keys))
+        index = LocalityIndex(client, keys)
+        index.apply([worker.seq.stored([5, 6])])
+        assert index.longest_prefix([5, 6, 7], ["w0"]) == {"w0": 2}
+        client.close()
