@@ -1,0 +1,63 @@
+"""The router's configuration: one frozen dataclass, built by cluster/ from the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from router.policies import DEFAULT_POLICY, CostModel, normalize_policy_name
+
+
+@dataclass(slots=True, frozen=True)
+class RouterConfig:
+    """Limits, timeouts, routing and security settings of one router process.
+
+    ``api_keys`` empty = no authentication. Keys are excluded from ``repr`` so that logging
+    a config never leaks them.
+    """
+
+    host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    http_port: int = 8000
+    served_model_names: tuple[str, ...] = ()  # empty: the tokenizer's model id
+    default_policy: str = DEFAULT_POLICY
+    hot_spot_margin_requests: int = 4
+    cost: CostModel = field(default_factory=CostModel)
+    block_size: int = 16
+    # Limits.
+    max_concurrent_requests: int = 1024
+    retry_after_s: int = 1
+    max_tokens_limit: int = 4096
+    default_max_tokens: int = 16
+    # Timeouts and retries.
+    request_timeout_s: float = 600.0  # used when the client sets no deadline; 0 = none
+    worker_rpc_timeout_s: float = 10.0  # ReserveKV, Cancel, GetStats
+    transfer_timeout_s: float = 30.0
+    max_attempts: int = 3  # workers tried before the first token
+    # Security and transport.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    tls_cert_path: str | None = None
+    tls_key_path: str | None = None
+    max_message_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        normalize_policy_name(self.default_policy)
+        _positive("max_concurrent_requests", self.max_concurrent_requests)
+        _positive("max_tokens_limit", self.max_tokens_limit)
+        _positive("default_max_tokens", self.default_max_tokens)
+        _positive("max_attempts", self.max_attempts)
+        _positive("block_size", self.block_size)
+        _positive("max_message_bytes", self.max_message_bytes)
+        if self.request_timeout_s < 0 or self.worker_rpc_timeout_s <= 0:
+            raise ValueError(
+                f"request_timeout_s must be >= 0 and worker_rpc_timeout_s > 0, got "
+                f"{self.request_timeout_s} and {self.worker_rpc_timeout_s}"
+            )
+        if (self.tls_cert_path is None) != (self.tls_key_path is None):
+            raise ValueError("TLS needs both tls_cert_path and tls_key_path, or neither")
+        if any(not key for key in self.api_keys):
+            raise ValueError("api_keys must not contain empty strings")
+
+
+def _positive(name: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")

@@ -1,0 +1,222 @@
+"""The client-facing gRPC server: ``pdserve.v1.Inference``, health, reflection, auth, TLS.
+
+Requests are registered as raw bytes and parsed here, so that a malformed protobuf is an
+INVALID_ARGUMENT naming the message rather than the library's generic INTERNAL error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import NoReturn, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from pdserve_proto import inference_pb2
+from router.config import RouterConfig
+from router.convert import chunk_to_proto, params_from_proto
+from router.errors import classify, grpc_trailing_metadata
+from router.frontend import Frontend, as_sent_to_workers
+from router.grpc_auth import ApiKeyInterceptor
+from router.request import ChunkEvent, GenerateInput, Summary
+
+log = logging.getLogger(__name__)
+
+SERVICE = "pdserve.v1.Inference"
+M = TypeVar("M", bound=Message)
+
+
+class InferenceService:
+    """Handlers of the three Inference methods; every error goes through ``router.errors``."""
+
+    def __init__(self, frontend: Frontend) -> None:
+        self.frontend = frontend
+
+    async def generate(
+        self, raw: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.GenerateTextResponse]:
+        try:
+            inp = self._input(_parse(inference_pb2.GenerateTextRequest, raw))
+            async for response in self._responses(inp):
+                yield response
+        except Exception as err:
+            await _abort(context, err)
+
+    async def _responses(
+        self, inp: GenerateInput
+    ) -> AsyncIterator[inference_pb2.GenerateTextResponse]:
+        held: ChunkEvent | None = None  # the final chunk waits for the usage figures
+        async for event in self.frontend.generate(inp):
+            if isinstance(event, Summary):
+                yield _final_response(inp.request_id, held, event)
+            elif event.is_last:
+                held = event
+            else:
+                yield inference_pb2.GenerateTextResponse(
+                    request_id=inp.request_id, chunk=chunk_to_proto(event)
+                )
+
+    def _input(self, request: inference_pb2.GenerateTextRequest) -> GenerateInput:
+        frontend = self.frontend
+        model = frontend.resolve_model(request.model)
+        prompt = frontend.check_prompt(self._prompt_ids(request), param=_prompt_field(request))
+        default_max_tokens = frontend.max_tokens_for(None, len(prompt))
+        params = as_sent_to_workers(params_from_proto(request.params, default_max_tokens))
+        frontend.max_tokens_for(params.max_tokens, len(prompt))
+        return frontend.build(
+            model, prompt, params, request.routing_policy, deadline_s=request.deadline_s
+        )
+
+    def _prompt_ids(self, request: inference_pb2.GenerateTextRequest) -> list[int]:
+        which = request.WhichOneof("prompt")
+        if which == "text":
+            return self.frontend.encode_text(request.text)
+        if which == "chat":
+            return self.frontend.encode_chat(_messages(request.chat), param="chat")
+        if which == "token_ids":
+            return list(request.token_ids.ids)
+        raise ValueError("prompt is missing: set one of text, chat or token_ids")
+
+    async def tokenize(
+        self, raw: bytes, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.TokenizeResponse:
+        try:
+            request = _parse(inference_pb2.TokenizeRequest, raw)
+            self.frontend.resolve_model(request.model)
+            which = request.WhichOneof("input")
+            if which == "text":
+                ids = self.frontend.encode_text(request.text)
+            elif which == "chat":
+                ids = self.frontend.encode_chat(_messages(request.chat), param="chat")
+            else:
+                raise ValueError("input is missing: set text or chat")
+        except Exception as err:
+            await _abort(context, err)
+        return inference_pb2.TokenizeResponse(
+            token_ids=ids, max_context_tokens=self.frontend.max_context_tokens
+        )
+
+    async def list_models(
+        self, raw: bytes, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ListModelsResponse:
+        try:
+            _parse(inference_pb2.ListModelsRequest, raw)
+        except Exception as err:
+            await _abort(context, err)
+        ctx = self.frontend.max_context_tokens
+        ids = self.frontend.model_ids
+        models = [inference_pb2.ModelInfo(id=m, max_context_tokens=ctx) for m in ids]
+        return inference_pb2.ListModelsResponse(models=models)
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        serialize = _serialize
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Generate": grpc.unary_stream_rpc_method_handler(
+                    self.generate, response_serializer=serialize
+                ),
+                "Tokenize": grpc.unary_unary_rpc_method_handler(
+                    self.tokenize, response_serializer=serialize
+                ),
+                "ListModels": grpc.unary_unary_rpc_method_handler(
+                    self.list_models, response_serializer=serialize
+                ),
+            },
+        )
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def _parse(cls: type[M], raw: bytes) -> M:
+    try:
+        return cls.FromString(raw)
+    except DecodeError as err:
+        raise ValueError(
+            f"request: not a valid {cls.DESCRIPTOR.full_name} protobuf ({len(raw)} bytes): {err}"
+        ) from err
+
+
+def _prompt_field(request: inference_pb2.GenerateTextRequest) -> str:
+    return request.WhichOneof("prompt") or "prompt"
+
+
+def _messages(chat: inference_pb2.ChatMessages) -> list[dict[str, str]]:
+    return [{"role": m.role, "content": m.content} for m in chat.messages]
+
+
+def _final_response(
+    request_id: str, held: ChunkEvent | None, summary: Summary
+) -> inference_pb2.GenerateTextResponse:
+    usage, timing = summary.usage, summary.timing
+    response = inference_pb2.GenerateTextResponse(
+        request_id=request_id,
+        usage=inference_pb2.Usage(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_prompt_tokens=usage.cached_prompt_tokens,
+        ),
+        timing=inference_pb2.Timing(
+            ttft_s=timing.ttft_s,
+            e2e_s=timing.e2e_s,
+            queue_s=timing.queue_s,
+            transfer_s=timing.transfer_s,
+        ),
+        prefill_worker=summary.prefill_worker,
+        decode_worker=summary.decode_worker,
+    )
+    if held is not None:
+        response.chunk.CopyFrom(chunk_to_proto(held))
+    return response
+
+
+async def _abort(context: grpc.aio.ServicerContext, err: Exception) -> NoReturn:
+    info = classify(err)
+    if info.grpc_code is grpc.StatusCode.INTERNAL:
+        log.error("internal error in a gRPC request", exc_info=err)
+    for key, value in grpc_trailing_metadata(info):
+        context.set_trailing_metadata(((key, value),))
+    await context.abort(info.grpc_code, info.message)
+    raise AssertionError("context.abort() returned")  # it always raises
+
+
+async def start_grpc_server(
+    frontend: Frontend, config: RouterConfig, port: int | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """A started server with Inference, health and reflection; returns it and its port.
+
+    ``port`` overrides ``config.grpc_port`` (0 picks a free one). Stop it with
+    ``await server.stop(grace_s)``.
+    """
+    options = [
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+    ]
+    interceptors = [ApiKeyInterceptor(config.api_keys)] if config.api_keys else []
+    server = grpc.aio.server(options=options, interceptors=interceptors)
+    server.add_generic_rpc_handlers((InferenceService(frontend).handler(),))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    services = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(services, server)
+    address = f"{config.host}:{config.grpc_port if port is None else port}"
+    bound = _bind(server, address, config)
+    await server.start()
+    for service in ("", SERVICE):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
+
+
+def _bind(server: grpc.aio.Server, address: str, config: RouterConfig) -> int:
+    if config.tls_cert_path is None or config.tls_key_path is None:
+        return server.add_insecure_port(address)
+    key = Path(config.tls_key_path).read_bytes()
+    cert = Path(config.tls_cert_path).read_bytes()
+    credentials = grpc.ssl_server_credentials([(key, cert)])
+    return server.add_secure_port(address, credentials)

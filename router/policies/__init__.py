@@ -1,0 +1,70 @@
+"""Routing policies: pure functions of plain dataclasses (no grpc, asyncio or I/O).
+
+``make_policy(name)`` builds one by name: ``round_robin``, ``least_loaded``,
+``prefix_aware`` or ``joint_ttft`` (the default).
+"""
+
+from __future__ import annotations
+
+from router.policies.cost import predict_ttft, split_pools
+from router.policies.joint import JointTtftPolicy
+from router.policies.prefix_aware import PrefixAwarePolicy
+from router.policies.simple import LeastLoadedPolicy, RoundRobinPolicy
+from router.policies.types import (
+    CostModel,
+    RouteDecision,
+    RouteRequest,
+    RoutingPolicy,
+    WorkerCandidate,
+    WorkerLoad,
+    WorkerRole,
+)
+
+DEFAULT_POLICY = JointTtftPolicy.name
+POLICY_NAMES = (
+    RoundRobinPolicy.name,
+    LeastLoadedPolicy.name,
+    PrefixAwarePolicy.name,
+    JointTtftPolicy.name,
+)
+
+
+def normalize_policy_name(name: str) -> str:
+    """'Least-Loaded' -> 'least_loaded'; raises ValueError for an unknown name."""
+    key = name.strip().lower().replace("-", "_")
+    if key not in POLICY_NAMES:
+        raise ValueError(f"routing_policy must be one of {list(POLICY_NAMES)}, got {name!r}")
+    return key
+
+
+def make_policy(name: str, cost: CostModel | None = None, load_margin: int = 4) -> RoutingPolicy:
+    """Build the policy called ``name`` (see ``POLICY_NAMES``)."""
+    key = normalize_policy_name(name)
+    if key == RoundRobinPolicy.name:
+        return RoundRobinPolicy(cost)
+    if key == LeastLoadedPolicy.name:
+        return LeastLoadedPolicy(cost)
+    if key == PrefixAwarePolicy.name:
+        return PrefixAwarePolicy(cost, load_margin)
+    return JointTtftPolicy(cost)
+
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "POLICY_NAMES",
+    "CostModel",
+    "JointTtftPolicy",
+    "LeastLoadedPolicy",
+    "PrefixAwarePolicy",
+    "RoundRobinPolicy",
+    "RouteDecision",
+    "RouteRequest",
+    "RoutingPolicy",
+    "WorkerCandidate",
+    "WorkerLoad",
+    "WorkerRole",
+    "make_policy",
+    "normalize_policy_name",
+    "predict_ttft",
+    "split_pools",
+]

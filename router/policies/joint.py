@@ -1,0 +1,64 @@
+"""The default: choose (prefill, decode) together, minimising the predicted TTFT."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from router.policies.cost import TtftEstimate, describe, load_key, predict_ttft, split_pools
+from router.policies.types import CostModel, RouteDecision, RouteRequest, WorkerCandidate
+
+
+class JointTtftPolicy:
+    """Ranks every (prefill, decode) pair, or every colocated worker, by predicted TTFT.
+
+    TTFT = queue wait + uncached prefill tokens x per-token cost + KV bytes to move over
+    the link / link bandwidth + decode admission (see ``predict_ttft``). A prefix hit on a
+    busy worker thus wins only while its saved prefill time exceeds its extra queue wait.
+    """
+
+    name = "joint_ttft"
+
+    def __init__(self, cost: CostModel | None = None, max_decisions: int = 16) -> None:
+        if max_decisions < 1:
+            raise ValueError(f"max_decisions must be >= 1, got {max_decisions}")
+        self._cost = cost or CostModel()
+        # Only the head of the ranking is ever walked (a few refusals or failures), so the
+        # decisions and their reason strings are built for that head only.
+        self._max_decisions = max_decisions
+
+    def rank(
+        self, request: RouteRequest, workers: Sequence[WorkerCandidate]
+    ) -> list[RouteDecision]:
+        if not workers:
+            return []
+        pools = split_pools(workers)
+        options: list[tuple[WorkerCandidate, WorkerCandidate | None]]
+        if pools.disaggregated:
+            options = [(p, d) for p in pools.prefill for d in pools.decode]
+        else:
+            options = [(w, None) for w in pools.colocated]
+        scored = [(predict_ttft(request, p, d, self._cost), p, d) for p, d in options]
+        scored.sort(key=lambda s: (s[0].total_s, load_key(s[1]), _decode_key(s[2])))
+        head = scored[: self._max_decisions]
+        return [self._decision(request, est, p, d) for est, p, d in head]
+
+    def _decision(
+        self,
+        request: RouteRequest,
+        est: TtftEstimate,
+        prefill: WorkerCandidate,
+        decode: WorkerCandidate | None,
+    ) -> RouteDecision:
+        parts = f"queue {est.queue_s:.4f}s + prefill {est.prefill_s:.4f}s"
+        if decode is None:
+            where = f"colocated {describe(request, prefill)}"
+        else:
+            where = f"prefill {describe(request, prefill)}, decode {describe(request, decode)}"
+            parts += f" + transfer {est.transfer_s:.4f}s + admission {est.admission_s:.4f}s"
+        decode_id = decode.worker_id if decode is not None else None
+        reason = f"{self.name}: {where}; predicted {parts}"
+        return RouteDecision(prefill.worker_id, decode_id, est.total_s, self.name, reason)
+
+
+def _decode_key(decode: WorkerCandidate | None) -> tuple[int, int, int, str]:
+    return load_key(decode) if decode is not None else (0, 0, 0, "")

@@ -1,0 +1,53 @@
+"""Longest cached prefix first, guarded against piling every request on one hot worker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from router.policies.cost import load_key, split_pools
+from router.policies.simple import rank_pairs
+from router.policies.types import CostModel, RouteDecision, RouteRequest, WorkerCandidate
+
+
+class PrefixAwarePolicy:
+    """Prefill (or colocated) worker holding the longest prefix; decode worker least loaded.
+
+    Hot-spot guard: a popular prefix would draw every request to the worker that holds it.
+    A worker whose load exceeds the least-loaded one's by more than ``load_margin``
+    requests is not chosen for its cache; it comes after the eligible workers.
+    """
+
+    name = "prefix_aware"
+
+    def __init__(self, cost: CostModel | None = None, load_margin: int = 4) -> None:
+        if load_margin < 0:
+            raise ValueError(f"load_margin must be >= 0 requests, got {load_margin}")
+        self._cost = cost or CostModel()
+        self._load_margin = load_margin
+
+    def rank(
+        self, request: RouteRequest, workers: Sequence[WorkerCandidate]
+    ) -> list[RouteDecision]:
+        if not workers:
+            return []
+        pools = split_pools(workers)
+        first_pool = pools.prefill if pools.disaggregated else pools.colocated
+        return rank_pairs(
+            self.name,
+            request,
+            pools,
+            self.order_by_prefix(request, first_pool),
+            sorted(pools.decode, key=load_key),
+            self._cost,
+        )
+
+    def order_by_prefix(
+        self, request: RouteRequest, pool: Sequence[WorkerCandidate]
+    ) -> list[WorkerCandidate]:
+        """Eligible workers by cached prefix (longest first), then the overloaded ones."""
+        least = min(w.load.requests for w in pool)
+        limit = least + self._load_margin
+        eligible = [w for w in pool if w.load.requests <= limit]
+        hot = [w for w in pool if w.load.requests > limit]
+        eligible.sort(key=lambda w: (-request.cached_tokens(w.worker_id), *load_key(w)))
+        return eligible + sorted(hot, key=load_key)

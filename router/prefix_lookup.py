@@ -1,0 +1,37 @@
+"""Asking the locality index how much of a prompt each worker already holds."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+
+from router.locality import LocalityIndex, PromptBlockHasher
+
+log = logging.getLogger(__name__)
+
+
+async def cached_blocks(
+    index: LocalityIndex | None,
+    hasher: PromptBlockHasher | None,
+    prompt_token_ids: Sequence[int],
+    worker_ids: Sequence[str],
+) -> dict[str, int]:
+    """Leading prompt blocks cached per worker; empty when unknown.
+
+    The index may answer synchronously or with an awaitable (an asyncio Redis client).
+    A failing index degrades routing to load-only rather than failing the request.
+    """
+    if index is None or hasher is None:
+        return {}
+    block_hashes = hasher(prompt_token_ids)
+    if not block_hashes:
+        return {}
+    try:
+        answer = index.longest_prefix(block_hashes, worker_ids)
+        if inspect.isawaitable(answer):
+            answer = await answer
+    except Exception as err:  # e.g. Redis down: route on load alone, and say so
+        log.warning("locality index lookup failed, routing without it: %r", err)
+        return {}
+    return dict(answer)

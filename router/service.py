@@ -1,0 +1,87 @@
+"""One router process: lifecycle + frontend + gRPC and HTTP servers, started and stopped together.
+
+``cluster/`` builds the config, tokenizer, worker directory and locality index, then calls
+``start_router``. Port 0 in the config picks a free port; the bound ports are reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+
+import grpc
+import uvicorn
+
+from router.config import RouterConfig
+from router.directory import ChannelPool, WorkerDirectory
+from router.frontend import Frontend
+from router.grpc_server import start_grpc_server
+from router.http_server import create_app
+from router.lifecycle import RequestLifecycle
+from router.locality import LocalityIndex, PromptBlockHasher
+from router.request import TimingSink
+from router.tokenizer import Tokenizer
+
+
+@dataclass
+class RouterService:
+    lifecycle: RequestLifecycle
+    frontend: Frontend
+    grpc_server: grpc.aio.Server
+    grpc_port: int
+    http_server: uvicorn.Server
+    http_port: int
+    _http_task: asyncio.Task[None]
+
+    async def stop(self, grace_s: float | None = 5.0) -> None:
+        """Stop taking requests, let running ones finish for ``grace_s``, close channels."""
+        self.http_server.should_exit = True
+        await self.grpc_server.stop(grace_s)
+        await self._http_task
+        await self.lifecycle.close()
+
+
+async def start_router(
+    config: RouterConfig,
+    tokenizer: Tokenizer,
+    directory: WorkerDirectory,
+    locality: LocalityIndex | None = None,
+    hasher: PromptBlockHasher | None = None,
+    timing_sink: TimingSink | None = None,
+    worker_credentials: grpc.ChannelCredentials | None = None,
+) -> RouterService:
+    """Start both servers on ``config.host``; ``worker_credentials`` secure worker channels."""
+    channels = ChannelPool(worker_credentials, config.max_message_bytes)
+    lifecycle = RequestLifecycle(config, directory, channels, locality, hasher, timing_sink)
+    frontend = Frontend(config, tokenizer, lifecycle)
+    grpc_server, grpc_port = await start_grpc_server(frontend, config)
+    sock = _listen(config.host, config.http_port)
+    http_server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(frontend, config),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ssl_certfile=config.tls_cert_path,
+            ssl_keyfile=config.tls_key_path,
+        )
+    )
+    http_task = asyncio.create_task(http_server.serve(sockets=[sock]))
+    while not http_server.started:
+        if http_task.done():
+            await http_task  # raises what stopped it
+            raise RuntimeError(f"HTTP server on {config.host}:{config.http_port} did not start")
+        await asyncio.sleep(0.005)
+    http_port = int(sock.getsockname()[1])
+    return RouterService(
+        lifecycle, frontend, grpc_server, grpc_port, http_server, http_port, http_task
+    )
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock

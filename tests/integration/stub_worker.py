@@ -1,0 +1,305 @@
+"""A STUB worker: a real grpc.aio server implementing the Worker service, no model inside.
+
+It answers at once with deterministic tokens -- token k of every sequence is id 1000 + k
+with text " w<k>" (" s<i>w<k>" for sequence i > 0) -- and applies stop strings with the
+engine's real matcher. Knobs inject failures: fail before the first token, refuse
+ReserveKV, hang. Used by the router tests and by bench/router_overhead.py (run it as
+``python -m tests.integration.stub_worker --port P --role colocated``).
+
+``FakeCharTokenizer`` is likewise a FAKE: one token per character, for routing tests only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, TypeVar
+
+import grpc
+
+from engine.stop_strings import StopStringMatcher
+from pdserve_proto import common_pb2, worker_pb2, worker_pb2_grpc
+from router.config import RouterConfig
+from router.directory import StaticWorkerDirectory, WorkerInfo
+from router.lifecycle import RequestLifecycle
+from router.policies import WorkerRole
+from router.service import start_router
+
+T = TypeVar("T")
+
+FIRST_TOKEN_ID = 1000
+
+
+@dataclass
+class StubKnobs:
+    fail_before_first_token: int = 0  # this many next Generate/Prefill calls fail (UNAVAILABLE)
+    refuse_reserve: bool = False
+    hang_before_first_token: bool = False
+    hang_after_first_token: bool = False
+    token_delay_s: float = 0.0
+
+
+@dataclass
+class StubRecord:
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (method, request id)
+    cancels: list[str] = field(default_factory=list)  # request ids of Cancel RPCs
+    streams_cancelled: list[str] = field(default_factory=list)  # streams the caller dropped
+    params: list[common_pb2.SamplingParams] = field(default_factory=list)
+
+
+def token_text(index: int, k: int) -> str:
+    return f" w{k}" if index == 0 else f" s{index}w{k}"
+
+
+class _Sequence:
+    """Produces chunk k of one sequence, applying max_tokens and stop strings."""
+
+    def __init__(self, index: int, params: common_pb2.SamplingParams) -> None:
+        self.index = index
+        self.max_tokens = params.max_tokens if params.HasField("max_tokens") else 16
+        self.logprobs = params.logprobs if params.HasField("logprobs") else None
+        self.matcher = StopStringMatcher(tuple(params.stop), params.include_stop_str_in_output)
+
+    def chunk(self, k: int) -> common_pb2.TokenChunk:
+        text = self.matcher.feed(token_text(self.index, k)) if self.matcher.stops else None
+        finish = "stop" if self.matcher.stopped else ""
+        if text is None:
+            text = token_text(self.index, k)
+        if not finish and k + 1 >= self.max_tokens:
+            finish = "length"
+            text += self.matcher.flush()
+        token_id = FIRST_TOKEN_ID + k
+        chunk = common_pb2.TokenChunk(
+            index=self.index, token_ids=[token_id], text=text, finish_reason=finish
+        )
+        if self.logprobs is not None:
+            chunk.logprobs.append(_logprob(token_id, k, self.logprobs))
+        return chunk
+
+
+def _logprob(token_id: int, k: int, top: int) -> common_pb2.TokenLogprob:
+    logprob = -0.25 * (k + 1)
+    return common_pb2.TokenLogprob(
+        token_id=token_id,
+        logprob=logprob,
+        top_token_ids=[token_id + j for j in range(top)],
+        top_logprobs=[logprob - j for j in range(top)],
+    )
+
+
+class StubWorker(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, worker_id: str, role: str, knobs: StubKnobs | None = None) -> None:
+        self.worker_id = worker_id
+        self.role = role
+        self.knobs = knobs or StubKnobs()
+        self.record = StubRecord()
+        self.reservations: set[str] = set()
+
+    async def Generate(self, request, context) -> AsyncIterator[common_pb2.TokenChunk]:
+        self._note("Generate", request.request_id, request.params)
+        await self._before_first_token(context, request.request_id)
+        n = request.params.n if request.params.HasField("n") else 1
+        sequences = [_Sequence(i, request.params) for i in range(n)]
+        async for chunk in self._stream(sequences, 0, context, request.request_id):
+            yield chunk
+
+    async def Prefill(self, request, context) -> AsyncIterator[worker_pb2.PrefillEvent]:
+        self._note("Prefill", request.request_id, request.params)
+        await self._before_first_token(context, request.request_id)
+        yield worker_pb2.PrefillEvent(first_token=_Sequence(0, request.params).chunk(0))
+        report = worker_pb2.TransferReport(
+            ok=True, bytes=100 * len(request.prompt_token_ids), seconds=0.002
+        )
+        yield worker_pb2.PrefillEvent(transfer=report)
+
+    async def ReserveKV(self, request, context) -> worker_pb2.ReserveKVResponse:
+        self._note("ReserveKV", request.request_id, None)
+        if self.knobs.refuse_reserve:
+            return worker_pb2.ReserveKVResponse(accepted=False)
+        self.reservations.add(request.request_id)
+        blocks = -(-len(request.prompt_token_ids) // 16)
+        destination = worker_pb2.KVDestination(
+            worker_id=self.worker_id, backend="tcp", block_ids=list(range(blocks))
+        )
+        return worker_pb2.ReserveKVResponse(accepted=True, destination=destination)
+
+    async def Decode(self, request, context) -> AsyncIterator[common_pb2.TokenChunk]:
+        self._note("Decode", request.request_id, request.params)
+        if request.request_id not in self.reservations:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no reservation")
+        sequence = _Sequence(0, request.params)
+        sequence.chunk(0)  # the first token came from the prefill worker: feed its text
+        async for chunk in self._stream([sequence], 1, context, request.request_id):
+            yield chunk
+        self.reservations.discard(request.request_id)
+
+    async def Cancel(self, request, context) -> worker_pb2.CancelResponse:
+        self.record.cancels.append(request.request_id)
+        found = request.request_id in self.reservations
+        self.reservations.discard(request.request_id)
+        return worker_pb2.CancelResponse(found=found)
+
+    async def GetStats(self, request, context) -> worker_pb2.WorkerStats:
+        return worker_pb2.WorkerStats(worker_id=self.worker_id, role=self.role, free_blocks=1000)
+
+    def _note(self, method: str, request_id: str, params: common_pb2.SamplingParams | None):
+        self.record.calls.append((method, request_id))
+        if params is not None:
+            self.record.params.append(params)
+
+    async def _before_first_token(self, context, request_id: str) -> None:
+        if self.knobs.fail_before_first_token > 0:
+            self.knobs.fail_before_first_token -= 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "stub: injected failure")
+        if self.knobs.hang_before_first_token:
+            await self._hang(request_id)
+
+    async def _stream(self, sequences, start_k, context, request_id):
+        running = list(sequences)
+        k = start_k
+        while running:
+            for seq in list(running):
+                chunk = seq.chunk(k)
+                yield chunk
+                if chunk.finish_reason:
+                    running.remove(seq)
+            if k == start_k and self.knobs.hang_after_first_token:
+                await self._hang(request_id)
+            if self.knobs.token_delay_s:
+                await asyncio.sleep(self.knobs.token_delay_s)
+            k += 1
+
+    async def _hang(self, request_id: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.record.streams_cancelled.append(request_id)
+            raise
+
+
+async def start_stub_worker(
+    worker_id: str, role: str, knobs: StubKnobs | None = None, port: int = 0
+) -> tuple[grpc.aio.Server, str, StubWorker]:
+    """A started stub on loopback; returns the server, its address and the servicer."""
+    server = grpc.aio.server()
+    servicer = StubWorker(worker_id, role, knobs)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, f"127.0.0.1:{bound}", servicer
+
+
+class FakeCharTokenizer:
+    """A FAKE tokenizer: token id = code point, BOS = 1, EOS = 2. Not a real model's."""
+
+    eos_token_id = 2
+    vocab_size = 50_000
+
+    def __init__(self, max_context_tokens: int = 256, model_id: str = "fake-model") -> None:
+        self.max_context_tokens = max_context_tokens
+        self.model_id = model_id
+
+    def encode(self, text: str) -> list[int]:
+        return [1, *(min(ord(c), self.vocab_size - 1) for c in text)]
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        turns = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
+        return self.encode(turns + "<|assistant|>")
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids if i > 2)
+
+
+@dataclass
+class StubCluster:
+    """Stub workers plus a real router (gRPC and HTTP servers) on an event loop in a thread.
+
+    Tests drive it with ordinary blocking clients; ``workers`` are the stub servicers by id,
+    whose knobs and records tests may set and read.
+    """
+
+    config: RouterConfig
+    workers: dict[str, StubWorker]
+    grpc_address: str
+    http_url: str
+    lifecycle: RequestLifecycle
+    loop: asyncio.AbstractEventLoop
+    _thread: threading.Thread
+    _teardown: list[Callable[[], Awaitable[None]]]
+
+    def run(self, coro: Awaitable[T], timeout_s: float = 30.0) -> T:
+        """Run ``coro`` on the cluster's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        async def teardown() -> None:
+            for step in reversed(self._teardown):
+                await step()
+
+        self.run(teardown())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def start_stub_cluster(
+    roles: dict[str, str],
+    config: RouterConfig | None = None,
+    tokenizer: FakeCharTokenizer | None = None,
+    locality: Any = None,
+    hasher: Any = None,
+) -> StubCluster:
+    """Start one stub worker per ``{worker_id: role}`` and a router in front of them."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="stub-cluster", daemon=True)
+    thread.start()
+    config = config or RouterConfig()
+    tokenizer = tokenizer or FakeCharTokenizer()
+    setup = _setup(roles, config, tokenizer, locality, hasher, loop, thread)
+    return asyncio.run_coroutine_threadsafe(setup, loop).result(30)
+
+
+async def _setup(roles, config, tokenizer, locality, hasher, loop, thread) -> StubCluster:
+    teardown: list[Callable[[], Awaitable[None]]] = []
+    workers, infos = {}, []
+    for worker_id, role in roles.items():
+        server, address, servicer = await start_stub_worker(worker_id, role)
+        teardown.append(partial(server.stop, None))
+        workers[worker_id] = servicer
+        infos.append(WorkerInfo(worker_id, address, WorkerRole(role)))
+    config = replace(config, grpc_port=0, http_port=0)
+    directory = StaticWorkerDirectory(infos)
+    service = await start_router(config, tokenizer, directory, locality, hasher)
+    teardown.append(partial(service.stop, None))
+    return StubCluster(
+        config,
+        workers,
+        f"127.0.0.1:{service.grpc_port}",
+        f"http://127.0.0.1:{service.http_port}",
+        service.lifecycle,
+        loop,
+        thread,
+        teardown,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Run one STUB worker (no model) on loopback.")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--role", default="colocated")
+    parser.add_argument("--worker-id", default="stub")
+    args = parser.parse_args()
+
+    async def serve() -> None:
+        server, address, _ = await start_stub_worker(args.worker_id, args.role, port=args.port)
+        print(f"stub worker {args.worker_id} ({args.role}) on {address}", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Request lifecycle against STUB workers: the disaggregated flow, back-pressure, retries,
+cancellation, deadlines, limits and prefix-aware routing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+import httpx
+import pytest
+from stub_worker import StubCluster, start_stub_cluster
+
+from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
+from router.config import RouterConfig
+from router.locality import InProcessLocalityIndex, engine_prompt_hasher
+from router.policies import WorkerLoad
+
+S = grpc.StatusCode
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def generate(cluster: StubCluster, **fields) -> list[inference_pb2.GenerateTextResponse]:
+    with grpc.insecure_channel(cluster.grpc_address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        return list(stub.Generate(inference_pb2.GenerateTextRequest(**fields), timeout=10))
+
+
+def methods(cluster: StubCluster, worker_id: str) -> list[str]:
+    return [method for method, _ in cluster.workers[worker_id].record.calls]
+
+
+def assert_no_load_left(cluster: StubCluster) -> None:
+    tracker = cluster.lifecycle.tracker
+    for worker_id in cluster.workers:
+        wait_for(
+            lambda w=worker_id: tracker.effective_load(w, WorkerLoad()) == WorkerLoad(),
+            f"{worker_id}'s local load to drop to zero",
+        )
+
+
+@pytest.fixture()
+def disagg() -> Iterator[StubCluster]:
+    cluster = start_stub_cluster({"p0": "prefill", "p1": "prefill", "d0": "decode", "d1": "decode"})
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture()
+def colocated() -> Iterator[StubCluster]:
+    cluster = start_stub_cluster({"w0": "colocated", "w1": "colocated"})
+    yield cluster
+    cluster.stop()
+
+
+def test_disaggregated_flow_reserve_prefill_decode(disagg: StubCluster) -> None:
+    responses = generate(disagg, text="hello", params=common_pb2.SamplingParams(max_tokens=3))
+    assert "".join(r.chunk.text for r in responses) == " w0 w1 w2"
+    last = responses[-1]
+    assert (last.prefill_worker, last.decode_worker) == ("p0", "d0")  # ties go by worker id
+    assert methods(disagg, "d0") == ["ReserveKV", "Decode"]
+    assert methods(disagg, "p0") == ["Prefill"]
+    assert last.timing.transfer_s == pytest.approx(0.002)  # the stub's TransferReport
+    assert disagg.workers["d0"].reservations == set()
+    assert_no_load_left(disagg)
+
+
+def test_finished_at_first_token_frees_the_decode_reservation(disagg: StubCluster) -> None:
+    responses = generate(disagg, text="hello", params=common_pb2.SamplingParams(max_tokens=1))
+    assert [r.chunk.text for r in responses] == [" w0"]
+    assert responses[-1].chunk.finish_reason == "length"
+    assert methods(disagg, "d0") == ["ReserveKV"]  # no Decode
+    wait_for(lambda: disagg.workers["d0"].record.cancels == [responses[0].request_id], "Cancel")
+    assert disagg.workers["d0"].reservations == set()
+
+
+def test_refused_reservation_moves_to_the_next_decode_worker(disagg: StubCluster) -> None:
+    disagg.workers["d0"].knobs.refuse_reserve = True
+    last = generate(disagg, text="hello", params=common_pb2.SamplingParams(max_tokens=2))[-1]
+    assert last.decode_worker == "d1"
+    assert methods(disagg, "d0") == ["ReserveKV"]
+    assert methods(disagg, "d1") == ["ReserveKV", "Decode"]
+    disagg.workers["d1"].knobs.refuse_reserve = True
+    with pytest.raises(grpc.RpcError) as caught:
+        generate(disagg, text="hello")
+    assert caught.value.code() is S.RESOURCE_EXHAUSTED
+    assert "no decode worker has room" in caught.value.details()
+    assert_no_load_left(disagg)
+
+
+def test_retry_on_another_worker_when_one_fails_before_the_first_token(
+    colocated: StubCluster,
+) -> None:
+    colocated.workers["w0"].knobs.fail_before_first_token = 1
+    last = generate(colocated, text="hi", params=common_pb2.SamplingParams(max_tokens=2))[-1]
+    assert last.prefill_worker == "w1"
+    assert last.chunk.finish_reason == "length"
+    (failed_id,) = [rid for _, rid in colocated.workers["w0"].record.calls]
+    (retry_id,) = [rid for _, rid in colocated.workers["w1"].record.calls]
+    assert retry_id == f"{failed_id}#1"  # a fresh id: a late Cancel cannot hit the retry
+    assert_no_load_left(colocated)
+
+
+def test_all_workers_failing_is_unavailable(colocated: StubCluster) -> None:
+    for servicer in colocated.workers.values():
+        servicer.knobs.fail_before_first_token = 1
+    with pytest.raises(grpc.RpcError) as caught:
+        generate(colocated, text="hi")
+    assert caught.value.code() is S.UNAVAILABLE
+    assert "w0" in caught.value.details() and "w1" in caught.value.details()
+
+
+def test_prefill_failure_retries_and_cancels_the_reservation(disagg: StubCluster) -> None:
+    disagg.workers["p0"].knobs.fail_before_first_token = 1
+    last = generate(disagg, text="hello", params=common_pb2.SamplingParams(max_tokens=2))[-1]
+    assert last.prefill_worker == "p1"
+    first_id = disagg.workers["p0"].record.calls[0][1]
+    wait_for(lambda: first_id in disagg.workers["d0"].record.cancels, "Cancel of the reservation")
+    assert_no_load_left(disagg)
+
+
+def test_grpc_client_cancel_reaches_the_worker(colocated: StubCluster) -> None:
+    worker = colocated.workers["w0"]
+    worker.knobs.hang_after_first_token = True
+    with grpc.insecure_channel(colocated.grpc_address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        call = stub.Generate(inference_pb2.GenerateTextRequest(text="hi"), timeout=10)
+        first = next(call)
+        assert first.chunk.text == " w0"
+        call.cancel()
+    wait_for(lambda: len(worker.record.cancels) == 1, "Cancel at the worker")
+    wait_for(lambda: len(worker.record.streams_cancelled) == 1, "the worker stream to close")
+    assert worker.record.cancels == [worker.record.calls[0][1]]
+    assert_no_load_left(colocated)
+
+
+def test_http_disconnect_reaches_the_worker(colocated: StubCluster) -> None:
+    worker = colocated.workers["w0"]
+    worker.knobs.hang_after_first_token = True
+    url = f"{colocated.http_url}/v1/completions"
+    body = {"model": "fake-model", "prompt": "hi", "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", url, json=body) as response:
+        assert next(response.iter_lines()).startswith("data: ")
+    wait_for(lambda: len(worker.record.cancels) == 1, "Cancel after a streaming disconnect")
+    # Non-streaming: the client gives up (read timeout) and closes the connection.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json={**body, "stream": False}, timeout=0.5)
+    wait_for(lambda: len(worker.record.cancels) == 2, "Cancel after a plain disconnect")
+    assert_no_load_left(colocated)
+
+
+def test_deadline_exceeded_cancels_the_worker(colocated: StubCluster) -> None:
+    worker = colocated.workers["w0"]
+    worker.knobs.hang_before_first_token = True
+    with pytest.raises(grpc.RpcError) as caught:
+        generate(colocated, text="hi", deadline_s=0.3)
+    assert caught.value.code() is S.DEADLINE_EXCEEDED
+    wait_for(lambda: len(worker.record.cancels) == 1, "Cancel after the deadline")
+    assert_no_load_left(colocated)
+
+
+def test_concurrency_limit_is_429_with_retry_after() -> None:
+    config = RouterConfig(max_concurrent_requests=1, retry_after_s=7)
+    cluster = start_stub_cluster({"w0": "colocated"}, config)
+    try:
+        cluster.workers["w0"].knobs.hang_after_first_token = True
+        url = f"{cluster.http_url}/v1/completions"
+        body = {"model": "fake-model", "prompt": "hi", "stream": True}
+        with httpx.stream("POST", url, json=body) as held:
+            lines = held.iter_lines()  # keep it: closing the iterator closes the response
+            assert next(lines).startswith("data: ")
+            refused = httpx.post(url, json=body)
+            assert refused.status_code == 429
+            assert refused.headers["retry-after"] == "7"
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+            with pytest.raises(grpc.RpcError) as caught:
+                generate(cluster, text="hi")
+            assert caught.value.code() is S.RESOURCE_EXHAUSTED
+        cluster.workers["w0"].knobs.hang_after_first_token = False
+        wait_for(lambda: cluster.lifecycle.limiter.active == 0, "the held request to end")
+        assert generate(cluster, text="hi")[-1].chunk.finish_reason == "length"
+    finally:
+        cluster.stop()
+
+
+def test_prefix_aware_routing_follows_the_locality_index() -> None:
+    index = InProcessLocalityIndex()
+    hasher = engine_prompt_hasher("fake-model", block_size=16)
+    cluster = start_stub_cluster(
+        {"w0": "colocated", "w1": "colocated"}, locality=index, hasher=hasher
+    )
+    try:
+        prompt = [1, *range(100, 140)]  # 41 tokens: two full blocks
+        index.stored("w1", hasher(prompt))
+        for policy in ("prefix_aware", "joint_ttft"):
+            last = generate(
+                cluster, token_ids=inference_pb2.TokenIds(ids=prompt), routing_policy=policy
+            )[-1]
+            assert last.prefill_worker == "w1"
+            assert last.usage.cached_prompt_tokens == 32
+        other = generate(cluster, token_ids=inference_pb2.TokenIds(ids=[1, *range(200, 240)]))
+        assert other[-1].usage.cached_prompt_tokens == 0
+    finally:
+        cluster.stop()
+
+
+def test_n_sequences_on_the_disaggregated_path(disagg: StubCluster) -> None:
+    params = common_pb2.SamplingParams(max_tokens=2, n=2, seed=5)
+    responses = generate(disagg, text="hi", params=params)
+    by_index: dict[int, str] = {}
+    for r in responses:
+        by_index[r.chunk.index] = by_index.get(r.chunk.index, "") + r.chunk.text
+    assert by_index == {0: " w0 w1", 1: " w0 w1"}
+    assert responses[-1].usage.completion_tokens == 4
+    prefill_params = disagg.workers["p0"].record.params
+    assert sorted(p.seed for p in prefill_params) == [5, 6]  # distinct seeds per sequence
+    assert all(p.n == 1 for p in prefill_params)
+    assert_no_load_left(disagg)
+
+
+def test_timings_are_recorded(colocated: StubCluster) -> None:
+    responses = generate(colocated, text="hi", params=common_pb2.SamplingParams(max_tokens=4))
+    sink = colocated.lifecycle.timing_sink
+    recorded = dict(sink.recent())  # type: ignore[attr-defined]
+    timing = recorded[responses[0].request_id]
+    assert len(timing.itl_s) == 3  # gaps between 4 chunks
+    assert timing.e2e_s >= timing.ttft_s >= timing.queue_s >= 0

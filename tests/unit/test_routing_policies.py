@@ -1,0 +1,185 @@
+"""Routing policies on crafted inputs: pure, no sockets, milliseconds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from router.policies import (
+    CostModel,
+    JointTtftPolicy,
+    LeastLoadedPolicy,
+    PrefixAwarePolicy,
+    RoundRobinPolicy,
+    RouteRequest,
+    WorkerCandidate,
+    WorkerLoad,
+    WorkerRole,
+    make_policy,
+    predict_ttft,
+)
+
+P, D, C = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED
+
+
+def worker(worker_id: str, role: WorkerRole, **load: int) -> WorkerCandidate:
+    return WorkerCandidate(worker_id, role, WorkerLoad(**load))
+
+
+def pairs(decisions) -> list[tuple[str, str | None]]:
+    return [(d.prefill_worker_id, d.decode_worker_id) for d in decisions]
+
+
+def test_round_robin_takes_colocated_workers_in_turn() -> None:
+    policy = RoundRobinPolicy()
+    workers = [worker("w2", C), worker("w0", C), worker("w1", C)]
+    request = RouteRequest(prompt_tokens=10)
+    chosen = [policy.rank(request, workers)[0].prefill_worker_id for _ in range(4)]
+    assert chosen == ["w0", "w1", "w2", "w0"]
+
+
+def test_round_robin_rotates_both_pools_and_ranks_every_decode_worker() -> None:
+    policy = RoundRobinPolicy()
+    workers = [worker("p0", P), worker("p1", P), worker("d0", D), worker("d1", D)]
+    request = RouteRequest(prompt_tokens=10)
+    assert pairs(policy.rank(request, workers)) == [("p0", "d0"), ("p0", "d1")]
+    assert pairs(policy.rank(request, workers)) == [("p1", "d1"), ("p1", "d0")]
+
+
+def test_least_loaded_prefers_fewest_requests_then_most_free_blocks() -> None:
+    workers = [
+        worker("p0", P, waiting=3),
+        worker("p1", P, waiting=1),
+        worker("d0", D, running=2, free_blocks=100),
+        worker("d1", D, running=1, free_blocks=10),
+        worker("d2", D, running=1, free_blocks=50),
+    ]
+    ranked = LeastLoadedPolicy().rank(RouteRequest(prompt_tokens=10), workers)
+    assert pairs(ranked) == [("p1", "d2"), ("p1", "d1"), ("p1", "d0")]
+    assert all(d.policy == "least_loaded" for d in ranked)
+
+
+def test_prefix_aware_picks_longest_cached_prefix() -> None:
+    workers = [worker("w0", C, running=1), worker("w1", C, running=2), worker("w2", C)]
+    request = RouteRequest(prompt_tokens=64, cached_blocks={"w0": 1, "w1": 3})
+    ranked = PrefixAwarePolicy(load_margin=4).rank(request, workers)
+    assert [d.prefill_worker_id for d in ranked] == ["w1", "w0", "w2"]
+    assert ranked[0].decode_worker_id is None
+
+
+def test_prefix_aware_hot_spot_guard_skips_an_overloaded_cache_holder() -> None:
+    # w1 holds the whole prefix but has 6 more requests than the idle w2 (margin 4).
+    workers = [worker("w1", C, running=6), worker("w2", C), worker("w3", C, running=4)]
+    request = RouteRequest(prompt_tokens=64, cached_blocks={"w1": 4, "w3": 2})
+    ranked = PrefixAwarePolicy(load_margin=4).rank(request, workers)
+    assert [d.prefill_worker_id for d in ranked] == ["w3", "w2", "w1"]
+
+
+def test_prefix_aware_pairs_prefix_holder_with_least_loaded_decode() -> None:
+    workers = [
+        worker("p0", P),
+        worker("p1", P),
+        worker("d0", D, running=5),
+        worker("d1", D, running=1),
+    ]
+    request = RouteRequest(prompt_tokens=64, cached_blocks={"p1": 2, "d0": 4})
+    assert pairs(PrefixAwarePolicy().rank(request, workers)) == [("p1", "d1"), ("p1", "d0")]
+
+
+def test_joint_trades_a_prefix_hit_against_a_loaded_worker() -> None:
+    # Transfer made negligible (1 byte/token over 1 TB/s): this is about prefill vs queue.
+    cost = CostModel(
+        prefill_s_per_token=1e-3,
+        decode_admission_s=0.0,
+        kv_bytes_per_token=1,
+        link_bytes_per_s=1e15,
+    )
+    # 512 tokens = 32 blocks; p0 holds 30 of them: 32 uncached tokens (0.032 s) vs 0.512 s.
+    request = RouteRequest(prompt_tokens=512, cached_blocks={"p0": 30})
+    idle = [worker("p0", P), worker("p1", P), worker("d0", D)]
+    assert JointTtftPolicy(cost).rank(request, idle)[0].prefill_worker_id == "p0"
+    # With 1,000 prefill tokens queued ahead (1.0 s), the hit no longer pays.
+    busy = [worker("p0", P, queued_prefill_tokens=1000), worker("p1", P), worker("d0", D)]
+    best = JointTtftPolicy(cost).rank(request, busy)[0]
+    assert best.prefill_worker_id == "p1"
+    assert best.ttft_s == pytest.approx(0.512)
+    # ... but with only 400 queued (0.4 s + 0.032 s < 0.512 s) it still does.
+    some = [worker("p0", P, queued_prefill_tokens=400), worker("p1", P), worker("d0", D)]
+    best = JointTtftPolicy(cost).rank(request, some)[0]
+    assert best.prefill_worker_id == "p0"
+    assert best.ttft_s == pytest.approx(0.432)
+
+
+def test_joint_prefers_the_decode_worker_that_already_holds_the_prefix() -> None:
+    # Slow link: 23,040 bytes/token over 23.04 MB/s = 1 ms per token moved.
+    cost = CostModel(prefill_s_per_token=0.0, decode_admission_s=0.0, link_bytes_per_s=23.04e6)
+    request = RouteRequest(prompt_tokens=160, cached_blocks={"d1": 8})
+    workers = [worker("p0", P), worker("d0", D), worker("d1", D)]
+    ranked = JointTtftPolicy(cost).rank(request, workers)
+    assert pairs(ranked) == [("p0", "d1"), ("p0", "d0")]
+    assert ranked[0].ttft_s == pytest.approx(0.032)  # 32 tokens not yet on d1
+    assert ranked[1].ttft_s == pytest.approx(0.160)
+
+
+def test_joint_ranks_a_decode_worker_without_room_last() -> None:
+    request = RouteRequest(prompt_tokens=100)  # needs 7 blocks
+    workers = [
+        worker("p0", P),
+        worker("d0", D, free_blocks=6),
+        worker("d1", D, waiting=3, free_blocks=7),
+    ]
+    assert pairs(JointTtftPolicy().rank(request, workers)) == [("p0", "d1"), ("p0", "d0")]
+
+
+@pytest.mark.parametrize("name", ["round_robin", "least_loaded", "prefix_aware", "joint_ttft"])
+def test_every_policy_falls_back_to_colocated_when_a_pool_is_empty(name: str) -> None:
+    policy = make_policy(name)
+    request = RouteRequest(prompt_tokens=10)
+    no_decode = [worker("p0", P), worker("c0", C)]
+    assert pairs(policy.rank(request, no_decode)) == [("c0", None)]
+    # No colocated worker either: the remaining workers serve both phases themselves.
+    only_decode = [worker("d0", D)]
+    assert pairs(policy.rank(request, only_decode)) == [("d0", None)]
+    assert policy.rank(request, []) == []
+
+
+def test_predicted_ttft_adds_the_four_terms() -> None:
+    cost = CostModel(
+        prefill_s_per_token=0.01,
+        decode_admission_s=0.5,
+        kv_bytes_per_token=100,
+        link_bytes_per_s=1000.0,
+    )
+    request = RouteRequest(prompt_tokens=40, block_size=16, cached_blocks={"p": 1, "d": 2})
+    prefill = worker("p", P, queued_prefill_tokens=10)
+    decode = worker("d", D, waiting=1)
+    est = predict_ttft(request, prefill, decode, cost)
+    assert est.queue_s == pytest.approx(0.1)  # 10 queued tokens
+    assert est.prefill_s == pytest.approx(0.24)  # 40 - 16 cached tokens
+    assert est.transfer_s == pytest.approx(0.8)  # (40 - 32 held) tokens x 100 B / 1000 B/s
+    assert est.admission_s == pytest.approx(1.0)  # 0.5 x (1 + 1 waiting)
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_token() -> None:
+    cost = CostModel(prefill_s_per_token=1.0)
+    request = RouteRequest(prompt_tokens=32, cached_blocks={"w": 2})
+    assert predict_ttft(request, worker("w", C), None, cost).prefill_s == pytest.approx(1.0)
+
+
+def test_unknown_policy_name_is_rejected_naming_the_field() -> None:
+    with pytest.raises(ValueError, match=r"routing_policy must be one of .*got 'fastest'"):
+        make_policy("fastest")
+    assert make_policy("Least-Loaded").name == "least_loaded"
+
+
+def test_policies_import_neither_torch_nor_grpc() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None; sys.modules['grpc'] = None\n"  # blocked: import fails
+        "import router.policies\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
