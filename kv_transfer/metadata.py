@@ -1,0 +1,73 @@
+"""Connection metadata: the opaque bytes a receiver hands to its senders.
+
+``b"PDKM" | u32 json_len | json | blob``: the json names the backend, the receiver's pool
+layout and backend fields (TCP address, NIXL buffer addresses); the blob is backend data
+(the NIXL agent metadata).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from kv_transfer.layout import KVPoolLayout
+
+_MAGIC = b"PDKM"
+_PREFIX = struct.Struct("<4sI")
+
+
+@dataclass(slots=True, frozen=True)
+class PeerInfo:
+    backend: str
+    layout: KVPoolLayout
+    int8: bool  # whether the receiver accepts int8 records
+    fields: dict[str, Any]
+    blob: bytes = b""
+
+
+def encode_peer(info: PeerInfo) -> bytes:
+    doc = {
+        "backend": info.backend,
+        "layout": info.layout.to_json(),
+        "int8": info.int8,
+        "fields": info.fields,
+    }
+    text = json.dumps(doc, sort_keys=True).encode()
+    return _PREFIX.pack(_MAGIC, len(text)) + text + info.blob
+
+
+def decode_peer(data: bytes, backend: str) -> PeerInfo:
+    """Parse metadata; ValueError if it is not ours or belongs to another backend."""
+    if len(data) < _PREFIX.size or data[:4] != _MAGIC:
+        raise ValueError(
+            f"peer metadata is not pdserve KV connection metadata (starts {data[:8]!r})"
+        )
+    _, json_len = _PREFIX.unpack_from(data)
+    end = _PREFIX.size + json_len
+    doc = json.loads(data[_PREFIX.size : end])
+    if doc["backend"] != backend:
+        raise ValueError(
+            f"peer metadata is for the {doc['backend']!r} backend, this sender is {backend!r}"
+        )
+    layout = KVPoolLayout.from_json(doc["layout"])
+    return PeerInfo(doc["backend"], layout, bool(doc["int8"]), doc["fields"], data[end:])
+
+
+def check_peer(
+    ours: KVPoolLayout, peer: PeerInfo, dst_block_ids: tuple[int, ...], int8: bool
+) -> None:
+    """Sender-side check, before any byte moves: same block format, ids fit, int8 accepted."""
+    if not ours.same_block_format(peer.layout):
+        raise ValueError(
+            f"peer pool format differs: ours {ours.describe()}, peer {peer.layout.describe()}"
+        )
+    bad = [b for b in dst_block_ids if b >= peer.layout.num_blocks]
+    if bad:
+        raise ValueError(
+            f"destination block ids {bad[:8]} out of range for the peer's "
+            f"{peer.layout.num_blocks} blocks"
+        )
+    if int8 and not peer.int8:
+        raise ValueError("sender quantizes to int8 but the peer receiver was not built with int8")

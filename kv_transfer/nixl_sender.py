@@ -1,0 +1,160 @@
+"""NIXL sender: WRITEs blocks into a receiver's registered pool (see nixl_backend.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kv_transfer import quant
+from kv_transfer.config import TransferConfig
+from kv_transfer.connector import TransferHandle
+from kv_transfer.endpoints import SenderBase
+from kv_transfer.layout import KVPoolLayout
+from kv_transfer.metadata import PeerInfo
+from kv_transfer.nixl_agent import NOTIFY_BEGIN, NOTIFY_DONE, NOTIFY_FAILED, Agent
+from kv_transfer.wire import TransferHeader
+
+log = logging.getLogger(__name__)
+
+_INT8_CHUNK_BLOCKS = 16
+_FLUSH_S = 0.05  # long enough for UCX to push a small notification out
+
+
+@dataclass(slots=True, frozen=True)
+class _Peer:
+    agent_name: str
+    pool_descs: Any  # prepared remote descriptor list, one entry per pool block
+    staging_descs: Any | None  # the same for the int8 staging slots, when used
+
+
+class NixlSender(SenderBase):
+    backend_name = "nixl"
+
+    def __init__(self, config: TransferConfig) -> None:
+        super().__init__(config)
+        self._agent = Agent("send", config.ucx_tls, config.nixl_progress_thread)
+        self._peers: dict[str, _Peer] = {}
+        self._connect_lock = threading.Lock()  # one add_remote per new peer
+        self._local_pool: Any = None
+        self._local_staging: Any = None
+        self._staging: torch.Tensor | None = None  # [num_blocks, record_bytes] uint8
+
+    def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
+        self._agent.register(pool)
+        n = layout.num_blocks
+        self._local_pool = self._agent.prep_blocks("", pool.data_ptr(), n, layout.block_bytes)
+        if self.config.int8:
+            rec = quant.record_bytes(layout)
+            self._staging = torch.empty((n, rec), dtype=torch.uint8)
+            self._agent.register(self._staging)
+            self._local_staging = self._agent.prep_blocks("", self._staging.data_ptr(), n, rec)
+
+    def _connect(self, peer: PeerInfo, raw: bytes) -> _Peer:
+        name = str(peer.fields["agent"])
+        with self._connect_lock:
+            known = self._peers.get(name)
+            if known is None:
+                known = self._add_peer(name, peer)
+                self._peers[name] = known
+            return known
+
+    def _add_peer(self, name: str, peer: PeerInfo) -> _Peer:
+        remote = self._agent.add_remote(peer.blob)
+        assert remote == name, f"NIXL metadata names agent {remote!r}, fields say {name!r}"
+        layout, fields = peer.layout, peer.fields
+        pool_descs = self._agent.prep_blocks(
+            name, int(fields["pool_addr"]), layout.num_blocks, layout.block_bytes
+        )
+        staging = None
+        if peer.int8:
+            staging = self._agent.prep_blocks(
+                name, int(fields["staging_addr"]), layout.num_blocks, quant.record_bytes(layout)
+            )
+        return _Peer(name, pool_descs, staging)
+
+    def _on_failure(self, target: _Peer, error: Exception) -> None:
+        if isinstance(error, TimeoutError):
+            return  # slow, not known dead: keep the connection other transfers may be using
+        # The connection may be dead; the next send re-adds the peer from its metadata.
+        with self._connect_lock:
+            if self._peers.pop(target.agent_name, None) is not None:
+                self._agent.remove_remote(target.agent_name)
+
+    def _on_close(self) -> None:
+        self._agent.close()
+
+    def _transfer(
+        self,
+        handle: TransferHandle,
+        target: _Peer,
+        header: TransferHeader,
+        src: tuple[int, ...],
+        deadline_s: float,
+    ) -> None:
+        wire_header = header.encode()
+        self._agent.notify(target.agent_name, NOTIFY_BEGIN + wire_header)
+        handle.start()
+        try:
+            self._write(target, header, src, deadline_s, NOTIFY_DONE + wire_header)
+        except Exception:
+            self._notify_quietly(target.agent_name, NOTIFY_FAILED + wire_header)
+            raise
+
+    def _write(
+        self,
+        target: _Peer,
+        header: TransferHeader,
+        src: tuple[int, ...],
+        deadline_s: float,
+        done_message: bytes,
+    ) -> None:
+        local, remote = self._local_pool, target.pool_descs
+        if header.int8:
+            self._quantize_into_staging(src)
+            local, remote = self._local_staging, target.staging_descs
+        dst = header.dst_block_ids
+        for lo, hi in self._segments(len(src)):
+            if self.closing.is_set():
+                raise ConnectionAbortedError("sender closing")
+            last = hi == len(src)
+            with self._agent.lock:
+                xfer = self._agent.raw.make_prepped_xfer(
+                    "WRITE", local, list(src[lo:hi]), remote, list(dst[lo:hi]),
+                    done_message if last else b"",
+                )  # fmt: skip
+                status = self._agent.raw.transfer(xfer)
+            try:
+                if status == "ERR":
+                    raise ConnectionError("NIXL refused to post the write")
+                self._agent.wait_xfer(xfer, deadline_s, self.closing)
+            finally:
+                self._agent.release_xfer(xfer)
+            if not last and self.config.fault is not None:
+                self.closing.wait(self.config.fault.pause_s)
+
+    def _segments(self, n: int) -> list[tuple[int, int]]:
+        """One request for the whole transfer, or two around an injected pause."""
+        fault = self.config.fault
+        if fault is None or not 0 < fault.pause_after_blocks < n:
+            return [(0, n)]
+        return [(0, fault.pause_after_blocks), (fault.pause_after_blocks, n)]
+
+    def _quantize_into_staging(self, src: tuple[int, ...]) -> None:
+        # Concurrent transfers of one source block write identical bytes to its slot.
+        assert self._staging is not None, "int8 sender has a staging area"
+        layout = KVPoolLayout.of_pool(self.pool)
+        for start in range(0, len(src), _INT8_CHUNK_BLOCKS):
+            index = torch.tensor(src[start : start + _INT8_CHUNK_BLOCKS], dtype=torch.long)
+            records = quant.encode_records(self.pool.index_select(0, index), layout)
+            self._staging.index_copy_(0, index, records)
+
+    def _notify_quietly(self, agent_name: str, message: bytes) -> None:
+        try:
+            self._agent.notify(agent_name, message)
+            self._agent.flush(_FLUSH_S)
+        except Exception as exc:  # the peer is likely gone; its deadline covers it
+            log.info("NIXL failure notice to %s not sent: %s", agent_name, exc)

@@ -1,0 +1,266 @@
+"""TCP fallback backend: one connection per transfer, framed by the wire header.
+
+The sender connects, streams ``header | record * n`` and waits for a one-message ack; the
+receiver validates the header against its pool and ``expect`` before it reads a record,
+then reads plain records straight into the destination blocks (no staging copy) and int8
+records through a small buffer. A closed or silent connection fails the transfer on both
+sides within ``io_timeout_s`` (and always by ``timeout_s``).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from kv_transfer import quant
+from kv_transfer.config import TransferConfig
+from kv_transfer.connector import TransferHandle
+from kv_transfer.endpoints import ReceiverBase, SenderBase
+from kv_transfer.expectations import Expectation
+from kv_transfer.layout import KVPoolLayout, pool_bytes
+from kv_transfer.metadata import PeerInfo, encode_peer
+from kv_transfer.sockets import (
+    ACK_OK,
+    encode_ack,
+    read_ack,
+    recv_exact,
+    recv_into_exact,
+    reject,
+    rejection_if_any,
+    send_all,
+    send_quietly,
+)
+from kv_transfer.wire import (
+    HEADER_PREFIX_BYTES,
+    TransferHeader,
+    WireFormatError,
+    header_length,
+    validate_header,
+)
+
+log = logging.getLogger(__name__)
+
+_INT8_CHUNK_BLOCKS = 16  # quantize/dequantize this many blocks at a time to bound memory
+Address = tuple[str, int]
+
+
+@dataclass(slots=True)
+class _Progress:
+    blocks: int = 0
+
+
+class TcpSender(SenderBase):
+    backend_name = "tcp"
+
+    def _connect(self, peer: PeerInfo, raw: bytes) -> Address:
+        return str(peer.fields["host"]), int(peer.fields["port"])
+
+    def _transfer(
+        self,
+        handle: TransferHandle,
+        target: Address,
+        header: TransferHeader,
+        src: tuple[int, ...],
+        deadline_s: float,
+    ) -> None:
+        where = f"{target[0]}:{target[1]}"
+        with socket.create_connection(target, timeout=self.config.io_timeout_s) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            handle.start()
+            progress = _Progress()
+            try:
+                self._stream(sock, header, src, deadline_s, progress)
+                status, text = read_ack(sock, deadline_s, self.config.io_timeout_s)
+            except OSError as exc:
+                reason = rejection_if_any(sock)
+                raise ConnectionError(
+                    f"to {where} after {progress.blocks} of {header.num_blocks} blocks: "
+                    f"{type(exc).__name__}: {exc}{reason}"
+                ) from exc
+        if status != ACK_OK:
+            raise ConnectionError(f"receiver {where} rejected it: {text}")
+
+    def _stream(
+        self,
+        sock: socket.socket,
+        header: TransferHeader,
+        src: tuple[int, ...],
+        deadline_s: float,
+        progress: _Progress,
+    ) -> None:
+        """Write the header and the records, counting blocks sent in ``progress``."""
+        io_s = self.config.io_timeout_s
+        send_all(sock, header.encode(), deadline_s, io_s)
+        for record in self._records(header, src):
+            self._maybe_pause(progress.blocks)
+            if self.closing.is_set():
+                raise ConnectionAbortedError("sender closing")
+            send_all(sock, record, deadline_s, io_s)
+            progress.blocks += 1
+
+    def _records(self, header: TransferHeader, src: tuple[int, ...]) -> Iterator[memoryview]:
+        """Each block's wire record, in order, as a byte buffer."""
+        if not header.int8:
+            view = pool_bytes(self.pool)  # [num_blocks, block_bytes]
+            for block in src:
+                yield memoryview(view[block])
+            return
+        layout = KVPoolLayout.of_pool(self.pool)
+        for start in range(0, len(src), _INT8_CHUNK_BLOCKS):
+            index = torch.tensor(src[start : start + _INT8_CHUNK_BLOCKS], dtype=torch.long)
+            records = quant.encode_records(self.pool.index_select(0, index), layout).numpy()
+            for row in records:
+                yield memoryview(row)
+
+    def _maybe_pause(self, sent_blocks: int) -> None:
+        fault = self.config.fault
+        if fault is not None and sent_blocks == fault.pause_after_blocks:
+            self.closing.wait(fault.pause_s)
+
+
+class TcpReceiver(ReceiverBase):
+    backend_name = "tcp"
+
+    def __init__(self, config: TransferConfig) -> None:
+        super().__init__(config)
+        self._listener: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
+        listener = socket.create_server((self.config.host, self.config.port), backlog=64)
+        listener.settimeout(0.25)  # lets the accept loop notice close()
+        self._listener = listener
+        self._accept_thread = threading.Thread(
+            target=self._accept_forever, name="kv-tcp-accept", daemon=True
+        )
+        self._accept_thread.start()
+
+    @property
+    def address(self) -> Address:
+        assert self._listener is not None, "register_pool() starts the listener"
+        host, port = self._listener.getsockname()[:2]
+        return str(host), int(port)
+
+    def connection_metadata(self) -> bytes:
+        host, port = self.address
+        fields = {"host": self.config.host if host in ("0.0.0.0", "::") else host, "port": port}
+        return encode_peer(PeerInfo(self.backend_name, self.layout, True, fields))
+
+    def _on_close(self) -> None:
+        self._closed.set()
+        if self._listener is not None:
+            self._listener.close()
+        if self._accept_thread is not None:
+            self._accept_thread.join(timeout=2.0)
+
+    def _accept_forever(self) -> None:
+        assert self._listener is not None
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if not self._closed.is_set():
+                    log.error("KV TCP listener %s failed: %s", self.address, exc)
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            exp, header = self._admit(conn)
+            if exp is None or header is None:
+                return
+            try:
+                self._receive_records(conn, header, exp)
+            except OSError as exc:
+                error = f"short frame: transfer {header.transfer_id!r} incomplete {exc}"
+                self.table.fail(exp, error)
+                reject(conn, error)
+                return
+            saved = quant.bytes_saved(self.layout, header.num_blocks) if header.int8 else 0
+            self.table.succeed(exp, header.payload_bytes(), saved)
+            send_quietly(conn, encode_ack(ACK_OK))
+
+    def _admit(self, conn: socket.socket) -> tuple[Expectation | None, TransferHeader | None]:
+        """Read and check the header; on any problem reject the connection with the reason."""
+        deadline_s = time.monotonic() + self.config.timeout_s
+        try:
+            header = self._read_header(conn, deadline_s)
+        except (OSError, ValueError) as exc:
+            self._counters.record_failed(0.0)
+            reject(conn, f"{type(exc).__name__}: {exc}")
+            return None, None
+        exp = self.table.wait_for(header.transfer_id, self.config.timeout_s)
+        if exp is None:
+            self._counters.record_failed(0.0)
+            error = f"no expect() for transfer {header.transfer_id!r} within the timeout"
+            reject(conn, error)
+            return None, None
+        try:
+            validate_header(header, self.layout, exp.dst_block_ids)
+        except ValueError as exc:
+            self.table.fail(exp, str(exc))
+            reject(conn, str(exc))
+            return None, None
+        if not self.table.start(exp, claim=True):
+            reject(conn, f"transfer ended: {exp.handle.error}")
+            return None, None
+        return exp, header
+
+    def _read_header(self, conn: socket.socket, deadline_s: float) -> TransferHeader:
+        io_s = self.config.io_timeout_s
+        try:
+            prefix = recv_exact(conn, HEADER_PREFIX_BYTES, deadline_s, io_s)
+            rest = recv_exact(conn, header_length(prefix) - len(prefix), deadline_s, io_s)
+        except ConnectionError as exc:
+            raise WireFormatError(f"short frame: header cut off: {exc}") from exc
+        return TransferHeader.decode(prefix + rest)
+
+    def _receive_records(
+        self, conn: socket.socket, header: TransferHeader, exp: Expectation
+    ) -> None:
+        """Read all records into the pool; ConnectionError says how far it got."""
+        done_blocks = 0
+        try:
+            for chunk in self._fill_chunks(conn, header, exp):
+                done_blocks += chunk
+        except OSError as exc:
+            raise ConnectionError(
+                f"after {done_blocks} of {header.num_blocks} blocks: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _fill_chunks(
+        self, conn: socket.socket, header: TransferHeader, exp: Expectation
+    ) -> Iterator[int]:
+        """Receive records in order, yielding how many blocks each step completed."""
+        io_s, deadline_s = self.config.io_timeout_s, exp.deadline_s
+        dst = exp.dst_block_ids
+        if not header.int8:
+            view = pool_bytes(self.pool)  # [num_blocks, block_bytes]
+            for block in dst:
+                self._check_open()
+                recv_into_exact(conn, memoryview(view[block]), deadline_s, io_s)
+                yield 1
+            return
+        rec_bytes = header.record_bytes()
+        for start in range(0, len(dst), _INT8_CHUNK_BLOCKS):
+            chunk = list(dst[start : start + _INT8_CHUNK_BLOCKS])
+            records = torch.empty((len(chunk), rec_bytes), dtype=torch.uint8)
+            self._check_open()
+            recv_into_exact(conn, records.numpy().reshape(-1).data, deadline_s, io_s)
+            quant.decode_records_into(records, self.pool, chunk, self.layout)
+            yield len(chunk)
+
+    def _check_open(self) -> None:
+        """Stop writing into the pool once close() began: the caller may free it."""
+        if self._closed.is_set():
+            raise ConnectionAbortedError("receiver closing")

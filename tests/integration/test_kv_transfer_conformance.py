@@ -1,0 +1,200 @@
+"""One conformance suite for every KV transfer backend: nixl, tcp, inproc.
+
+For nixl and tcp the receiver runs in a spawned child process and the sender in the test
+process, so bytes really cross a process boundary (NIXL over UCX, TCP over loopback).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from kv_transfer import (
+    BACKENDS,
+    KVPoolLayout,
+    KVReceiver,
+    KVSender,
+    TransferConfig,
+    TransferState,
+    make_receiver,
+    make_sender,
+)
+from kv_transfer.peer_process import EndpointSpec, LocalPeer, PeerProcess, make_pool
+
+DTYPES = (torch.float32, torch.bfloat16)
+SLOT = {torch.float32: 0, torch.bfloat16: 1}  # receiver endpoint per dtype in the peer
+NUM_BLOCKS = 32
+TIMEOUT_S = 10.0
+FULL_PATH = (TransferState.PENDING, TransferState.TRANSFERRING, TransferState.DONE)
+
+Peer = LocalPeer | PeerProcess
+
+
+def _layout(dtype: torch.dtype, head_dim: int = 8) -> KVPoolLayout:
+    return KVPoolLayout(NUM_BLOCKS, 4, 4, 2, head_dim, dtype)  # layers 4, bs 4, 2 kv heads
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def receiver_peer(request: pytest.FixtureRequest) -> Iterator[tuple[str, Peer]]:
+    backend = str(request.param)
+    config = TransferConfig(timeout_s=TIMEOUT_S, int8=True)
+    specs = [EndpointSpec(backend, "receiver", _layout(dt), config) for dt in DTYPES]
+    peer: Peer = LocalPeer(specs) if backend == "inproc" else PeerProcess(specs)
+    yield backend, peer
+    peer.close()
+
+
+def _sender(
+    backend: str, dtype: torch.dtype, int8: bool = False, seed: int = 1
+) -> tuple[KVSender, torch.Tensor]:
+    sender = make_sender(backend, TransferConfig(timeout_s=TIMEOUT_S, int8=int8))
+    pool = make_pool(_layout(dtype), seed)
+    sender.register_pool(pool)
+    return sender, pool
+
+
+def _tid() -> str:
+    return f"req-{uuid.uuid4().hex[:12]}"
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_blocks_arrive_byte_exact(receiver_peer: tuple[str, Peer], dtype: torch.dtype) -> None:
+    backend, peer = receiver_peer
+    slot, layout = SLOT[dtype], _layout(dtype)
+    sender, pool = _sender(backend, dtype)
+    src, dst = [3, 17, 5, 30, 0], [10, 2, 31, 7, 20]
+    before, stats_before = peer.blocks(slot, range(NUM_BLOCKS)), peer.stats(slot)
+    tid = _tid()
+    try:
+        peer.expect(slot, tid, dst)
+        handle = sender.send(tid, src, peer.metadata[slot], dst)
+        assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
+        received = peer.wait(tid, TIMEOUT_S)
+        sent_stats = sender.stats()
+    finally:
+        sender.close()
+    after = peer.blocks(slot, range(NUM_BLOCKS))
+    assert torch.equal(_bytes(after[dst]), _bytes(pool[src]))
+    untouched = [b for b in range(NUM_BLOCKS) if b not in dst]
+    assert torch.equal(_bytes(after[untouched]), _bytes(before[untouched]))
+    payload = len(src) * layout.block_bytes
+    assert handle.outcome().history == FULL_PATH and received.history == FULL_PATH
+    assert handle.bytes_moved == payload and received.bytes_moved == payload
+    assert (sent_stats.bytes_sent, sent_stats.transfers_ok, sent_stats.transfers_failed) == (
+        payload,
+        1,
+        0,
+    )
+    stats_after = peer.stats(slot)
+    assert stats_after.bytes_received - stats_before.bytes_received == payload
+    assert stats_after.transfers_ok - stats_before.transfers_ok == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_int8_transfer_is_within_tolerance(
+    receiver_peer: tuple[str, Peer], dtype: torch.dtype
+) -> None:
+    backend, peer = receiver_peer
+    slot, layout = SLOT[dtype], _layout(dtype)
+    sender, pool = _sender(backend, dtype, int8=True, seed=2)
+    src, dst = [1, 2, 9, 25], [30, 4, 5, 11]
+    tid = _tid()
+    try:
+        peer.expect(slot, tid, dst)
+        handle = sender.send(tid, src, peer.metadata[slot], dst)
+        assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
+        received = peer.wait(tid, TIMEOUT_S)
+        saved = sender.stats().bytes_saved_int8
+    finally:
+        sender.close()
+    assert received.state is TransferState.DONE, received.error
+    got, want = peer.blocks(slot, dst).float(), pool[src].float()
+    step = want.abs().amax(dim=(3, 4, 5), keepdim=True) / 127  # per block, layer, K/V
+    bound = step / 2 + want.abs() * 2**-8 + 1e-6  # half a step + bf16 rounding
+    assert bool(((got - want).abs() <= bound).all())
+    assert not torch.equal(got, want)  # it really went through int8
+    record_bytes = layout.num_layers * 2 * 4 + layout.elems_per_block
+    assert received.bytes_moved == len(src) * record_bytes
+    assert saved == len(src) * layout.block_bytes - received.bytes_moved
+
+
+def test_concurrent_transfers_both_complete(receiver_peer: tuple[str, Peer]) -> None:
+    backend, peer = receiver_peer
+    sender, pool = _sender(backend, torch.float32, seed=3)
+    jobs = [(_tid(), [0, 1, 2], [12, 13, 14]), (_tid(), [20, 21], [15, 16])]
+    try:
+        for tid, _, dst in jobs:
+            peer.expect(0, tid, dst)
+        handles = [sender.send(tid, src, peer.metadata[0], dst) for tid, src, dst in jobs]
+        assert [h.wait(TIMEOUT_S) for h in handles] == [TransferState.DONE] * 2
+        assert [peer.wait(tid, TIMEOUT_S).state for tid, _, _ in jobs] == [TransferState.DONE] * 2
+    finally:
+        sender.close()
+    for _, src, dst in jobs:
+        assert torch.equal(_bytes(peer.blocks(0, dst)), _bytes(pool[src]))
+
+
+def test_sender_rejects_bad_requests_before_moving_bytes(receiver_peer: tuple[str, Peer]) -> None:
+    backend, peer = receiver_peer
+    sender, _ = _sender(backend, torch.float32)
+    wide = make_sender(backend, TransferConfig(timeout_s=TIMEOUT_S))
+    wide.register_pool(make_pool(_layout(torch.float32, head_dim=16), None))
+    meta = peer.metadata[0]
+    try:
+        with pytest.raises(ValueError, match="peer pool format differs"):
+            wide.send(_tid(), [0], meta, [1])
+        with pytest.raises(ValueError, match="dtype=bfloat16"):
+            sender.send(_tid(), [0], peer.metadata[1], [1])
+        with pytest.raises(ValueError, match=r"out of range for the peer's 32 blocks"):
+            sender.send(_tid(), [0], meta, [40])
+        with pytest.raises(ValueError, match="2 source blocks but 1 destination"):
+            sender.send(_tid(), [0, 1], meta, [1])
+        with pytest.raises(ValueError, match=r"source blocks: block ids \[99\] out of range"):
+            sender.send(_tid(), [99], meta, [1])
+        other, _ = _sender("tcp" if backend != "tcp" else "inproc", torch.float32)
+        with pytest.raises(ValueError, match=f"is for the '{backend}' backend"):
+            other.send(_tid(), [0], meta, [1])
+        other.close()
+    finally:
+        sender.close()
+        wide.close()
+    assert sender.stats().transfers_ok == 0 and sender.stats().transfers_failed == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_expectation_without_sender_fails_then_is_forgotten(backend: str) -> None:
+    receiver = make_receiver(backend, TransferConfig(timeout_s=0.5))
+    sender = make_sender(backend)
+    assert isinstance(receiver, KVReceiver) and isinstance(sender, KVSender)
+    sender.close()
+    receiver.register_pool(make_pool(_layout(torch.float32), None))
+    try:
+        handle = receiver.expect(_tid(), [1, 2])
+        assert handle.state is TransferState.PENDING
+        assert handle.wait(TIMEOUT_S) is TransferState.FAILED
+        assert "timed out after 0.5s in state PENDING" in (handle.error or "")
+        assert handle.outcome().history == (TransferState.PENDING, TransferState.FAILED)
+        assert receiver.expect(_tid(), [1, 2]).state is TransferState.PENDING  # blocks freed
+        with pytest.raises(ValueError, match="out of range"):
+            receiver.expect(_tid(), [NUM_BLOCKS])
+        assert receiver.stats().transfers_failed == 1
+    finally:
+        receiver.close()
+
+
+def test_importing_kv_transfer_stays_light() -> None:
+    code = (
+        "import sys, kv_transfer; "
+        "bad = [m for m in ('nixl', 'engine', 'grpc', 'ray', 'redis') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

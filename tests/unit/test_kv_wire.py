@@ -1,0 +1,245 @@
+"""Unit tests of the KV wire layout, pool layout, int8 quantization and transfer handles."""
+
+from __future__ import annotations
+
+import struct
+import sys
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from kv_transfer import quant
+from kv_transfer.config import TransferConfig
+from kv_transfer.connector import TransferHandle, TransferState
+from kv_transfer.expectations import ExpectationTable
+from kv_transfer.factory import make_sender
+from kv_transfer.layout import KVPoolLayout, check_block_ids, pool_bytes
+from kv_transfer.nixl_agent import load_nixl
+from kv_transfer.stats import TransferCounters
+from kv_transfer.wire import TransferHeader, WireFormatError, validate_header
+
+LAYOUT = KVPoolLayout(32, 4, 4, 2, 8, torch.float32)  # blocks, layers, bs, kv heads, head_dim
+
+
+def _header(**overrides: object) -> TransferHeader:
+    fields: dict[str, object] = dict(
+        transfer_id="req-7",
+        dtype=torch.float32,
+        block_size=4,
+        num_layers=4,
+        num_kv_heads=2,
+        head_dim=8,
+        dst_block_ids=(9, 2, 30),
+        int8=False,
+    )
+    fields.update(overrides)
+    return TransferHeader(**fields)  # type: ignore[arg-type]
+
+
+# Pool layout ----------------------------------------------------------------------------
+
+
+def test_layout_of_pool_reads_the_project_layout() -> None:
+    pool = torch.zeros(32, 4, 2, 4, 2, 8, dtype=torch.bfloat16)
+    layout = KVPoolLayout.of_pool(pool)
+    assert layout == KVPoolLayout(32, 4, 4, 2, 8, torch.bfloat16)
+    assert layout.block_bytes == 4 * 2 * 4 * 2 * 8 * 2
+
+
+@pytest.mark.parametrize(
+    ("pool", "message"),
+    [
+        (torch.zeros(32, 4, 3, 4, 2, 8), "must have shape"),
+        (torch.zeros(32, 4, 2, 4, 2), "must have shape"),
+        (torch.zeros(32, 4, 2, 4, 8, 2).transpose(4, 5), "contiguous"),
+        (torch.zeros(32, 4, 2, 4, 2, 8, dtype=torch.float64), "unsupported"),
+    ],
+)
+def test_layout_rejects_pools_that_break_the_contract(pool: torch.Tensor, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        KVPoolLayout.of_pool(pool)
+
+
+def test_pool_bytes_is_a_per_block_view_sharing_memory() -> None:
+    pool = torch.randn(LAYOUT.pool_shape)
+    view = pool_bytes(pool)
+    assert view.shape == (32, LAYOUT.block_bytes)
+    assert view[5].tobytes() == pool[5].numpy().tobytes()
+    view[3][:] = 0
+    assert torch.count_nonzero(pool[3]) == 0 and torch.count_nonzero(pool[4]) > 0
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [([], "no block ids"), ([1, 32], r"out of range \[0, 32\)"), ([4, 4], "duplicate")],
+)
+def test_check_block_ids_names_the_problem(ids: list[int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_block_ids(ids, 32, "source blocks")
+
+
+# Wire header ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("int8", [False, True])
+def test_header_round_trips(dtype: torch.dtype, int8: bool) -> None:
+    header = _header(dtype=dtype, int8=int8)
+    assert TransferHeader.decode(header.encode()) == header
+
+
+def test_header_bytes_follow_the_documented_layout() -> None:
+    # Built by hand from the table in wire.py, not by the encoder.
+    tid = b"req-7"
+    body = struct.pack("<4sHHBBHIIIII", b"PDKV", 1, 1, 2, 0, len(tid), 4, 4, 2, 8, 3)
+    body += tid + struct.pack("<3I", 9, 2, 30)
+    raw = body + struct.pack("<I", zlib.crc32(body))
+    assert TransferHeader.decode(raw) == _header(dtype=torch.bfloat16, int8=True)
+    assert _header(dtype=torch.bfloat16, int8=True).encode() == raw
+
+
+def test_record_sizes() -> None:
+    elems = 4 * 2 * 4 * 2 * 8
+    assert _header().record_bytes() == elems * 4
+    assert _header(int8=True).record_bytes() == 4 * 2 * 4 + elems
+    assert _header(int8=True).payload_bytes() == 3 * (4 * 2 * 4 + elems)
+
+
+def _corrupt(raw: bytes, offset: int, value: int) -> bytes:
+    return raw[:offset] + bytes([value]) + raw[offset + 1 :]
+
+
+def test_corrupt_headers_are_rejected_precisely() -> None:
+    raw = _header().encode()
+    with pytest.raises(WireFormatError, match="magic"):
+        TransferHeader.decode(b"XXXX" + raw[4:])
+    with pytest.raises(WireFormatError, match="unsupported wire version 9"):
+        TransferHeader.decode(_corrupt(raw, 4, 9))
+    with pytest.raises(WireFormatError, match="crc32"):
+        TransferHeader.decode(_corrupt(raw, len(raw) - 6, raw[-6] ^ 0xFF))
+    with pytest.raises(WireFormatError, match="short frame"):
+        TransferHeader.decode(raw[:20])
+    with pytest.raises(WireFormatError, match="short frame"):
+        TransferHeader.decode(raw[:-1])
+
+
+def test_unknown_dtype_code_is_rejected_even_with_a_valid_checksum() -> None:
+    body = bytearray(_header().encode()[:-4])
+    body[8] = 77
+    with pytest.raises(WireFormatError, match="unknown dtype code 77"):
+        TransferHeader.decode(bytes(body) + struct.pack("<I", zlib.crc32(bytes(body))))
+
+
+def test_validate_header_names_dtype_shape_and_block_mismatches() -> None:
+    expected = (9, 2, 30)
+    validate_header(_header(), LAYOUT, expected)  # matches: no error
+    with pytest.raises(WireFormatError, match="dtype mismatch: sender sends bfloat16, receiver"):
+        validate_header(_header(dtype=torch.bfloat16), LAYOUT, expected)
+    with pytest.raises(WireFormatError, match=r"block shape mismatch.*\[4, 2, 4, 2, 16\]"):
+        validate_header(_header(head_dim=16), LAYOUT, expected)
+    with pytest.raises(WireFormatError, match="destination blocks"):
+        validate_header(_header(dst_block_ids=(9, 2, 31)), LAYOUT, expected)
+
+
+# int8 quantization ----------------------------------------------------------------------
+
+
+def test_int8_error_is_within_half_a_step_per_slice() -> None:
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randn(6, *LAYOUT.block_shape, generator=gen) * 3.0
+    blocks[2, 1, 0] = 0.0  # an all-zero slice must stay exactly zero
+    values, scales = quant.quantize_blocks(blocks)
+    # Reference scale computed independently with numpy.
+    absmax = np.abs(blocks.numpy()).max(axis=(3, 4, 5))
+    np.testing.assert_allclose(scales.numpy(), absmax / 127.0, rtol=1e-6)
+    restored = quant.dequantize_blocks(values, scales, torch.float32)
+    bound = scales[..., None, None, None] / 2 + 1e-6
+    assert bool(((restored - blocks).abs() <= bound).all())
+    assert torch.count_nonzero(restored[2, 1, 0]) == 0
+    assert values.dtype == torch.int8 and int(values.abs().max()) <= 127
+
+
+def test_int8_records_round_trip_into_a_bf16_pool() -> None:
+    layout = KVPoolLayout(8, 4, 4, 2, 8, torch.bfloat16)
+    src = torch.randn(layout.pool_shape).to(torch.bfloat16)
+    records = quant.encode_records(src[[1, 5]], layout)
+    assert records.shape == (2, quant.record_bytes(layout))
+    pool = torch.zeros(layout.pool_shape, dtype=torch.bfloat16)
+    quant.decode_records_into(records, pool, [6, 0], layout)
+    scales = src[[1, 5]].float().abs().amax(dim=(3, 4, 5)) / 127
+    # Half an int8 step, plus bf16 rounding of the result (relative 2^-8).
+    bound = scales[..., None, None, None] / 2 + src[[1, 5]].float().abs() * 2**-8 + 1e-6
+    assert bool(((pool[[6, 0]].float() - src[[1, 5]].float()).abs() <= bound).all())
+    assert torch.count_nonzero(pool[[2, 3, 4, 7]]) == 0
+
+
+def test_int8_bytes_saved() -> None:
+    elems = LAYOUT.elems_per_block
+    assert quant.bytes_saved(LAYOUT, 10) == 10 * (elems * 4 - (elems + 4 * 2 * 4))
+
+
+# Handles, expectations, config ----------------------------------------------------------
+
+
+def test_handle_follows_the_state_machine() -> None:
+    handle = TransferHandle("t")
+    assert handle.wait(0.0) is TransferState.PENDING
+    assert handle.start() and handle.succeed(123)
+    assert not handle.fail("late") and handle.state is TransferState.DONE
+    outcome = handle.outcome()
+    assert outcome.history == (
+        TransferState.PENDING,
+        TransferState.TRANSFERRING,
+        TransferState.DONE,
+    )
+    assert outcome.bytes_moved == 123 and outcome.error is None
+
+
+def test_handle_refuses_to_skip_transferring() -> None:
+    handle = TransferHandle("t")
+    with pytest.raises(AssertionError, match="illegal transition PENDING -> DONE"):
+        handle.succeed(1)
+    assert handle.fail("peer gone") and handle.error == "peer gone"
+
+
+def test_expectations_reject_reuse_and_overlap_then_time_out() -> None:
+    table = ExpectationTable(timeout_s=0.05, counters=(counters := TransferCounters()))
+    try:
+        handle = table.add("a", (1, 2))
+        with pytest.raises(ValueError, match="already expected"):
+            table.add("a", (3,))
+        with pytest.raises(ValueError, match=r"blocks \[2\] are already targets"):
+            table.add("b", (2, 5))
+        assert handle.wait(5.0) is TransferState.FAILED
+        assert "timed out" in (handle.error or "")
+        assert counters.snapshot().transfers_failed == 1
+        with pytest.raises(ValueError, match="use a fresh id"):
+            table.add("a", (1, 2))
+        assert table.add("c", (1, 2)).state is TransferState.PENDING  # blocks were freed
+    finally:
+        table.close()
+
+
+def test_expectation_table_close_fails_open_transfers() -> None:
+    table = ExpectationTable(timeout_s=60.0, counters=TransferCounters())
+    handle = table.add("a", (1,))
+    table.close()  # long before the 60 s deadline
+    assert handle.state is TransferState.FAILED and "closed" in (handle.error or "")
+
+
+def test_config_requires_tcp_in_ucx_tls() -> None:
+    with pytest.raises(ValueError, match="lacks 'tcp'"):
+        TransferConfig(ucx_tls="sm,self")
+
+
+def test_unknown_backend_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="unknown KV transfer backend 'rdma'"):
+        make_sender("rdma")
+
+
+def test_missing_nixl_gives_an_actionable_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "nixl", None)
+    with pytest.raises(ImportError, match="pip install nixl"):
+        load_nixl()
