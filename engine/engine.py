@@ -4,17 +4,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.kv_cache import ImportReservation
 from engine.outputs import StepOutput, TokenLogprob
 from engine.sampler import Sampler, SampleRequest, SampleResult
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, Sequence, SequenceUpdate
 from engine.stop_strings import StopStringMatcher
 from engine.tokenizer import IncrementalDetokenizer
-from engine.worker_state import build_worker_state
+from engine.worker_state import LoadedModel, build_worker_state
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +34,9 @@ class _SeqOutputState:
 class LLMEngine:
     """A model, its paged KV pool, a scheduler and a sampler, stepped by the caller."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        state = build_worker_state(config)
+        state = build_worker_state(config, loaded)
         self.model_config = state.model_config
         self.tokenizer = state.tokenizer
         self.kv = state.kv
@@ -45,6 +47,8 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._out: dict[str, _SeqOutputState] = {}
         self._request_seqs: dict[str, list[str]] = {}
+        # prefill-role requests -> the max_tokens the client asked for
+        self._prefill_only: dict[str, int] = {}
 
     # -- requests ----------------------------------------------------------------------
     def add_request(
@@ -71,6 +75,80 @@ class LLMEngine:
             self._out.pop(seq_id, None)
             self._seqs.pop(seq_id, None)
         return True
+
+    # -- disaggregation: prefill role ---------------------------------------------------
+    def add_prefill_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+    ) -> None:
+        """Prefill role: compute the prompt, sample only the first token, keep the KV.
+
+        The step that samples it reports ``finish_reason`` None when the request goes on
+        (on a decode worker) and the real reason when the first token already ends it.
+        Either way the blocks stay until :meth:`release`, so they can be sent.
+        """
+        if params.n != 1:
+            raise ValueError(f"disaggregated serving takes n == 1, got n={params.n}")
+        self._validate(request_id, prompt_token_ids, params)
+        seq = self._new_sequence(request_id, 0, prompt_token_ids, params)
+        seq.hold_kv = True
+        self._prefill_only[request_id] = params.max_tokens
+        seq.params = dataclasses.replace(params, max_tokens=1)
+        self._request_seqs[request_id] = [seq.seq_id]
+        self.scheduler.add(seq)
+
+    def block_table(self, request_id: str) -> tuple[int, ...]:
+        return self.kv.block_table(request_id)
+
+    def release(self, request_id: str) -> bool:
+        """Free the KV a prefill kept for transfer."""
+        self._prefill_only.pop(request_id, None)
+        return self.scheduler.release(request_id)
+
+    # -- disaggregation: decode role -----------------------------------------------------
+    def reserve_import(
+        self, request_id: str, prompt_token_ids: list[int]
+    ) -> ImportReservation | None:
+        """Reserve blocks for a prompt whose KV another worker computes (None: no room)."""
+        if request_id in self._request_seqs or request_id in self.kv:
+            raise ValueError(f"request_id {request_id!r} is already known; use a new id")
+        return self.kv.reserve_for_import(request_id, prompt_token_ids)
+
+    def cancel_import(self, request_id: str) -> None:
+        """The transfer failed or the caller went away: give the reserved blocks back."""
+        if request_id in self.kv and self.scheduler.get(request_id) is None:
+            self.kv.free(request_id)
+
+    def admit_imported(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, first_token: int
+    ) -> bool:
+        """Decode role: the prompt's KV has landed; continue after ``first_token``.
+
+        Returns False when the running set is full (try again after a step).
+        """
+        self._validate(request_id, prompt_token_ids, params)
+        seq = self._new_sequence(request_id, 0, prompt_token_ids, params)
+        seq.output_token_ids.append(first_token)
+        seq.num_computed_tokens = len(prompt_token_ids)
+        admitted = False
+        try:
+            admitted = self.scheduler.admit_imported(seq)
+        finally:
+            if not admitted:  # leave nothing behind for a request that is not running
+                self._seqs.pop(seq.seq_id, None)
+                self._out.pop(seq.seq_id, None)
+        if not admitted:
+            return False
+        self._request_seqs[request_id] = [seq.seq_id]
+        self._replay_first_token(seq.seq_id, first_token)
+        return True
+
+    def _replay_first_token(self, seq_id: str, first_token: int) -> None:
+        """Bring detokenizer and stop-string state to where the prefill worker left them;
+        the text it produced was already sent by the prefill worker."""
+        out = self._out[seq_id]
+        text = out.detokenizer.add(first_token)
+        if out.stops is not None:
+            out.stops.feed(text)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -146,6 +224,9 @@ class LLMEngine:
             token_ids = (update.new_token_id,)
             text = out.detokenizer.add(update.new_token_id)
         finish = update.finish_reason
+        if finish == "length" and self._prefill_only.get(out.request_id, 1) > 1:
+            finish = None  # the prefill is done; the decode worker goes on
+            self._forget(update.seq_id)
         if finish is not None:
             text += out.detokenizer.flush()
         if out.stops is not None:

@@ -11,6 +11,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestOutput, StepOutput
 from engine.sampling_params import SamplingParams
+from engine.worker_state import LoadedModel
 
 Prompt = str | Sequence[int]
 
@@ -18,10 +19,12 @@ Prompt = str | Sequence[int]
 class LLM:
     """Runs the engine in this process over a list of prompts (text or token ids)."""
 
-    def __init__(self, model: str | None = None, **config: object) -> None:
+    def __init__(
+        self, model: str | None = None, *, loaded: LoadedModel | None = None, **config: object
+    ) -> None:
         if model is not None:
             config["model"] = model
-        self.engine = LLMEngine(EngineConfig.from_kwargs(**config))
+        self.engine = LLMEngine(EngineConfig.from_kwargs(**config), loaded)
         self._ids = itertools.count()
 
     @property

@@ -11,6 +11,7 @@ import torch
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheManager, make_extra_keys, num_blocks_for_budget
 from engine.model.config import ModelConfig
+from engine.model.llama import LlamaModel
 from engine.model.loader import load_model
 from engine.model.registry import ModelSource, resolve_model
 from engine.runner import ModelRunner, allocate_kv_cache, bytes_per_block
@@ -31,14 +32,36 @@ class WorkerState:
     max_model_len: int
 
 
-def build_worker_state(config: EngineConfig) -> WorkerState:
-    """Load the model and allocate its KV pool once; the pool never grows afterwards."""
+@dataclass(slots=True, frozen=True)
+class LoadedModel:
+    """Weights and tokenizer: loaded once, shareable by engines with different pools."""
+
+    source: ModelSource
+    model: LlamaModel
+    tokenizer: Tokenizer
+    dtype: str
+
+
+def load(model: str, dtype: str = "float32") -> LoadedModel:
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(TORCH_DTYPES)}, got {dtype!r}")
+    source = resolve_model(model)
+    weights = load_model(source, dtype=TORCH_DTYPES[dtype])
+    return LoadedModel(source, weights, load_tokenizer(source), dtype)
+
+
+def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) -> WorkerState:
+    """Allocate the KV pool once (it never grows afterwards) around loaded weights.
+
+    ``loaded`` reuses weights already in memory (it must match ``config.model``/``dtype``).
+    """
     started = time.perf_counter()
-    source = resolve_model(config.model)
+    if loaded is None:
+        loaded = load(config.model, config.dtype)
+    assert loaded.dtype == config.dtype, f"weights are {loaded.dtype}, config wants {config.dtype}"
+    source, model, tokenizer = loaded.source, loaded.model, loaded.tokenizer
     dtype = TORCH_DTYPES[config.dtype]
-    model = load_model(source, dtype=dtype)
     model_config = model.config
-    tokenizer = load_tokenizer(source)
     block_size = config.cache.block_size
     block_bytes = bytes_per_block(model_config, block_size, dtype)
     num_blocks = config.cache.num_blocks or num_blocks_for_budget(

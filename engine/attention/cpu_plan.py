@@ -1,0 +1,167 @@
+"""Per-step index tensors of the CPU backend, built once per step and shared by all layers.
+
+Rows refer to the pool's *gather view* ``[num_blocks * L * 2, block_size, kv_heads, D]``,
+where (block b, layer l, K|V kv) is row ``(b * L + l) * 2 + kv``. They are stored for layer
+0; layer ``l`` adds ``2 * l``.
+
+Decode tokens (one-token chunks) are sorted by context length and cut into groups whose
+gathered K/V stays under a byte budget, so a group's gather buffer is still in cache when
+SDPA reads it, and padding stays small::
+
+    context lens (sorted)   37  40  41 | 90  96 | 300
+    group                   [   g0    ] [ g1   ] [g2]     each padded to its longest member
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.base import StepLayout
+
+
+@dataclass(slots=True, frozen=True)
+class DecodeGroup:
+    """Decode sequences attended in one SDPA call over one gather."""
+
+    num_seqs: int
+    gather_rows: torch.Tensor  # [num_seqs * 2 * width_blocks]: per seq, K blocks then V blocks
+    width_tokens: int  # padded key length, a multiple of block_size
+    context_len: int | None  # set when every member has this length: slice, no mask
+    key_mask: torch.Tensor | None  # [num_seqs, 1, 1, width_tokens] bool, True = attend
+
+
+@dataclass(slots=True, frozen=True)
+class DecodePlan:
+    """All one-token chunks of a step, in groups."""
+
+    num_seqs: int
+    # Flat-batch rows of the decode tokens in group order; None when that is rows 0..B-1.
+    token_rows: torch.Tensor | None
+    groups: tuple[DecodeGroup, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class PrefillPlan:
+    """One multi-token chunk."""
+
+    token_start: int
+    token_end: int
+    context_len: int
+    gather_rows: torch.Tensor | None  # [2 * blocks]; None when start_pos == 0 (no prefix)
+    mask: torch.Tensor | None  # [T, context_len] bool, True = attend
+
+
+def plan_decodes(
+    layout: StepLayout,
+    block_size: int,
+    num_layers: int,
+    group_budget_tokens: float,
+    device: torch.device,
+) -> DecodePlan | None:
+    """Group the one-token chunks; ``group_budget_tokens`` caps ``members * padded width``."""
+    ids = [i for i in range(len(layout.context_lens)) if _chunk_len(layout, i) == 1]
+    if not ids:
+        return None
+    widest = max(len(layout.block_tables[i]) for i in ids) * block_size
+    if 0 < group_budget_tokens < len(ids) * widest:
+        # Several groups: neighbours in length share a group, so padding stays small.
+        ids.sort(key=lambda i: layout.context_lens[i])
+    rows = [layout.query_start_loc[i] for i in ids]
+    groups = [
+        _decode_group(layout, members, block_size, num_layers, device)
+        for members in _split(ids, layout, block_size, group_budget_tokens)
+    ]
+    in_place = rows == list(range(len(rows)))
+    return DecodePlan(
+        num_seqs=len(ids),
+        token_rows=None if in_place else torch.tensor(rows, dtype=torch.int64, device=device),
+        groups=tuple(groups),
+    )
+
+
+def _chunk_len(layout: StepLayout, i: int) -> int:
+    return layout.query_start_loc[i + 1] - layout.query_start_loc[i]
+
+
+def _split(
+    ids: list[int], layout: StepLayout, block_size: int, budget_tokens: float
+) -> list[list[int]]:
+    """Greedy cut of length-sorted ids: a group grows while members * width fits the budget."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in ids:
+        width = -(-layout.context_lens[i] // block_size) * block_size  # the longest so far
+        if current and (len(current) + 1) * width > budget_tokens:
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _decode_group(
+    layout: StepLayout,
+    members: Sequence[int],
+    block_size: int,
+    num_layers: int,
+    device: torch.device,
+) -> DecodeGroup:
+    lens = [layout.context_lens[i] for i in members]
+    width = max(len(layout.block_tables[i]) for i in members)
+    rows: list[int] = []
+    for i in members:
+        table = layout.block_tables[i]
+        table = table + (table[0],) * (width - len(table))  # padding reads a real block
+        rows.extend(gather_rows(table, num_layers))
+    uniform = len(set(lens)) == 1
+    key_mask = None
+    if not uniform:
+        positions = torch.arange(width * block_size, device=device)
+        key_mask = positions < torch.tensor(lens, device=device)[:, None]
+        key_mask = key_mask[:, None, None, :]
+    return DecodeGroup(
+        num_seqs=len(members),
+        gather_rows=torch.tensor(rows, dtype=torch.int64, device=device),
+        width_tokens=width * block_size,
+        context_len=lens[0] if uniform else None,
+        key_mask=key_mask,
+    )
+
+
+def gather_rows(table: Sequence[int], num_layers: int) -> list[int]:
+    """Layer-0 gather rows of one block table: all K blocks, then all V blocks."""
+    k_rows = [b * num_layers * 2 for b in table]
+    return k_rows + [r + 1 for r in k_rows]
+
+
+def plan_prefills(
+    layout: StepLayout, num_layers: int, device: torch.device
+) -> tuple[PrefillPlan, ...]:
+    plans = []
+    for i, start_pos in enumerate(layout.start_positions):
+        num_tokens = _chunk_len(layout, i)
+        if num_tokens == 1:
+            continue
+        cached = start_pos > 0
+        rows = gather_rows(layout.block_tables[i], num_layers) if cached else None
+        plans.append(
+            PrefillPlan(
+                token_start=layout.query_start_loc[i],
+                token_end=layout.query_start_loc[i + 1],
+                context_len=layout.context_lens[i],
+                gather_rows=None if rows is None else torch.tensor(rows, device=device),
+                mask=chunk_mask(start_pos, num_tokens, device) if cached else None,
+            )
+        )
+    return tuple(plans)
+
+
+def chunk_mask(start_pos: int, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """``mask[i, j] = j <= start_pos + i``: all cached keys plus the causal part of the chunk."""
+    query_pos = torch.arange(start_pos, start_pos + num_tokens, device=device)
+    key_pos = torch.arange(start_pos + num_tokens, device=device)
+    return key_pos[None, :] <= query_pos[:, None]  # [T, context_len]

@@ -1,0 +1,169 @@
+"""Paged attention on CUDA with ``flash_attn`` (FlashAttention-2).
+
+NOT RUN ON THIS MACHINE: the development machine has no GPU and no ``flash_attn`` wheel, so
+this backend is written against flash-attn's documented API and has never executed. Treat it
+as a starting point to validate on a GPU with ``tests/unit/test_attention.py``.
+
+``flash_attn`` is imported inside :func:`make_flash_attn_backend`, so importing this module
+never pulls in CUDA code. All chunks of a step run in one ``flash_attn_varlen_func`` call with
+``causal=True``; flash-attn (>= 2.1) aligns the causal mask bottom-right, which is exactly
+"every cached position plus the causal part of the chunk" for chunks starting at
+``start_pos > 0``. Two ways to reach the K/V:
+
+* block size a multiple of 256 (flash-attn's paged-KV page size rule): pass the pool's
+  per-layer K/V views ``[num_blocks, block_size, kv_heads, head_dim]`` and a block table;
+* otherwise: gather each chunk's blocks into packed ``[total_context, kv_heads, head_dim]``
+  K/V first (one ``index_select`` per layer), then call the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.attention.base import (
+    AttentionMetadata,
+    StepLayout,
+    pool_write_rows,
+    slot_mapping,
+    write_kv,
+)
+
+_PAGED_KV_PAGE_MULTIPLE = 256
+
+
+@dataclass(slots=True, frozen=True)
+class _CudaStepData:
+    write_rows: torch.Tensor  # [2, T] layer-0 write rows, see engine.attention.base
+    cu_seqlens_q: torch.Tensor  # [num_chunks + 1] int32
+    cu_seqlens_k: torch.Tensor  # [num_chunks + 1] int32
+    max_seqlen_q: int
+    max_seqlen_k: int
+    block_table: torch.Tensor | None  # [num_chunks, max_blocks] int32, paged mode only
+    gather_block_rows: torch.Tensor | None  # [total_blocks] layer-0 K block rows, packed mode
+    keep_tokens: torch.Tensor | None  # [total_context] rows of the gathered tokens to keep
+
+
+class FlashAttnBackend:
+    """flash-attn varlen attention over the paged pool (see the module docstring)."""
+
+    def __init__(self, varlen_func: Callable[..., torch.Tensor]) -> None:
+        self._varlen = varlen_func
+        self.name = "flash_attn"
+
+    def build_metadata(
+        self, layout: StepLayout, block_size: int, num_layers: int, device: torch.device
+    ) -> AttentionMetadata:
+        slots = torch.tensor(slot_mapping(layout, block_size), dtype=torch.int64, device=device)
+        q_lens = [e - s for s, e in zip(layout.start_positions, layout.context_lens, strict=True)]
+        paged = block_size % _PAGED_KV_PAGE_MULTIPLE == 0
+        data = _CudaStepData(
+            write_rows=pool_write_rows(slots, block_size, num_layers),
+            cu_seqlens_q=_cumulative(q_lens, device),
+            cu_seqlens_k=_cumulative(list(layout.context_lens), device),
+            max_seqlen_q=max(q_lens, default=0),
+            max_seqlen_k=max(layout.context_lens, default=0),
+            block_table=_padded_table(layout, device) if paged else None,
+            gather_block_rows=None if paged else _block_rows(layout, num_layers, device),
+            keep_tokens=None if paged else _keep_tokens(layout, block_size, device),
+        )
+        return AttentionMetadata(
+            num_tokens=layout.num_tokens,
+            block_size=block_size,
+            query_start_loc=layout.query_start_loc,
+            start_positions=layout.start_positions,
+            context_lens=layout.context_lens,
+            block_tables=layout.block_tables,
+            slot_mapping=slots,
+            backend=self,
+            backend_data=data,
+        )
+
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, KVH, D]
+        v: torch.Tensor,  # [T, KVH, D]
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D]
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        data = attn.backend_data
+        assert isinstance(data, _CudaStepData), f"metadata built by {attn.backend.name}"
+        write_kv(kv_cache, layer_idx, data.write_rows, k, v)
+        if data.block_table is not None:
+            keys, values = kv_cache[:, layer_idx, 0], kv_cache[:, layer_idx, 1]
+        else:
+            keys, values = _gather_packed(kv_cache, layer_idx, data)
+        out = self._varlen(
+            q,
+            keys,
+            values,
+            cu_seqlens_q=data.cu_seqlens_q,
+            cu_seqlens_k=data.cu_seqlens_k,
+            max_seqlen_q=data.max_seqlen_q,
+            max_seqlen_k=data.max_seqlen_k,
+            causal=True,
+            block_table=data.block_table,
+        )
+        return out.reshape(q.shape[0], -1)  # [T, H * D]
+
+
+def make_flash_attn_backend() -> FlashAttnBackend:
+    """Import ``flash_attn`` now (not at package import) and wrap it in a backend."""
+    try:
+        import flash_attn
+    except ImportError as exc:
+        raise ValueError(
+            "attention backend 'flash_attn' needs the flash-attn package and a CUDA GPU "
+            f"({exc}); install it with `pip install flash-attn --no-build-isolation` or use "
+            "--attention-backend cpu"
+        ) from exc
+    varlen: Any = flash_attn.flash_attn_varlen_func
+    return FlashAttnBackend(varlen)
+
+
+def _cumulative(lengths: list[int], device: torch.device) -> torch.Tensor:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=device)
+
+
+def _padded_table(layout: StepLayout, device: torch.device) -> torch.Tensor:
+    width = max((len(t) for t in layout.block_tables), default=1)
+    rows = [t + (0,) * (width - len(t)) for t in layout.block_tables]
+    return torch.tensor(rows, dtype=torch.int32, device=device)
+
+
+def _block_rows(layout: StepLayout, num_layers: int, device: torch.device) -> torch.Tensor:
+    # Layer-0 K row of block b in the pool viewed as [num_blocks * L * 2, bs, KVH, D].
+    rows = [b * num_layers * 2 for table in layout.block_tables for b in table]
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+def _keep_tokens(layout: StepLayout, block_size: int, device: torch.device) -> torch.Tensor:
+    """Rows of the gathered ``[total_blocks * bs]`` tokens that are real context, in order."""
+    keep: list[int] = []
+    block_offset = 0
+    for table, context_len in zip(layout.block_tables, layout.context_lens, strict=True):
+        first = block_offset * block_size
+        keep.extend(range(first, first + context_len))
+        block_offset += len(table)
+    return torch.tensor(keep, dtype=torch.int64, device=device)
+
+
+def _gather_packed(
+    kv_cache: torch.Tensor, layer_idx: int, data: _CudaStepData
+) -> tuple[torch.Tensor, torch.Tensor]:
+    assert data.gather_block_rows is not None and data.keep_tokens is not None
+    block_size, kv_heads, head_dim = kv_cache.shape[3:]
+    gather_view = kv_cache.view(-1, block_size, kv_heads, head_dim)
+    k_rows = data.gather_block_rows + 2 * layer_idx
+    keys = gather_view.index_select(0, k_rows).view(-1, kv_heads, head_dim)
+    values = gather_view.index_select(0, k_rows + 1).view(-1, kv_heads, head_dim)
+    # keys/values: [total_context, KVH, D]
+    return keys.index_select(0, data.keep_tokens), values.index_select(0, data.keep_tokens)

@@ -1,0 +1,156 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2) over a flat batch and a paged KV pool.
+
+One forward runs every token of a step at once: prefill chunks and decode tokens of many
+sequences back to back. Linear layers see all ``T`` tokens as one matrix; only attention
+looks at sequence boundaries, through :class:`AttentionMetadata`.
+
+Parameter names (what the loader produces)::
+
+    embed_tokens.weight                         [vocab, hidden]
+    layers.{i}.input_norm.weight                [hidden]
+    layers.{i}.attn.qkv_proj.weight (.bias)     [(H + 2 * KVH) * head_dim, hidden]   q | k | v
+    layers.{i}.attn.o_proj.weight (.bias)       [hidden, H * head_dim]
+    layers.{i}.post_attn_norm.weight            [hidden]
+    layers.{i}.mlp.gate_up_proj.weight (.bias)  [2 * intermediate, hidden]           gate | up
+    layers.{i}.mlp.down_proj.weight (.bias)     [hidden, intermediate]
+    norm.weight                                 [hidden]
+    lm_head.weight                              [vocab, hidden]   (absent when tied)
+    rope_freq_factors                           [head_dim / 2]    (optional, Llama 3 GGUF)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.base import AttentionMetadata
+from engine.model.config import ModelConfig
+from engine.model.rope import RotaryEmbedding, apply_rope, rope_inv_freq
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and scale in the model dtype, as the reference implementation does.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return self.weight * normed
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        qkv_out = config.q_size + 2 * config.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=config.o_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, 1, head_dim / 2]
+        sin: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, (H + 2 * KVH) * D]
+        rotated_heads = self.num_heads + self.num_kv_heads
+        qk = qkv[:, : rotated_heads * self.head_dim].view(num_tokens, rotated_heads, -1)
+        qk = apply_rope(qk, cos, sin)  # [T, H + KVH, D]: q and k rotated in one pass
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, rotated_heads * self.head_dim :].view(num_tokens, self.num_kv_heads, -1)
+        out = attn.backend.forward(self.layer_idx, q, k, v, kv_cache, attn)  # [T, H * D]
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config, layer_idx)
+        self.post_attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden], the residual stream
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.input_norm(x), cos, sin, attn, kv_cache)
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class LlamaModel(nn.Module):
+    """Decoder stack plus LM head. Build with :meth:`from_state_dict` (no random init)."""
+
+    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = rotary
+
+    @classmethod
+    def from_state_dict(
+        cls, config: ModelConfig, state_dict: dict[str, torch.Tensor]
+    ) -> LlamaModel:
+        """Adopt the loader's tensors as parameters (no copy, no random initialisation)."""
+        weights = dict(state_dict)
+        freq_factors = weights.pop("rope_freq_factors", None)
+        dtype = weights["embed_tokens.weight"].dtype
+        device = weights["embed_tokens.weight"].device
+        inv_freq = rope_inv_freq(config, freq_factors).to(device)
+        rotary = RotaryEmbedding(inv_freq, config.max_context_tokens, dtype)
+        with torch.device("meta"):
+            model = cls(config, rotary)
+        model.load_state_dict(weights, strict=True, assign=True)
+        return model.eval()
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        attn: AttentionMetadata,
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D]
+    ) -> torch.Tensor:
+        """Run the decoder over a flat batch; returns final-normed hidden states ``[T, hidden]``."""
+        cos, sin = self.rotary.lookup(positions)
+        x = self.embed_tokens(input_ids)  # [T, hidden]
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn, kv_cache)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden: [N, hidden]`` -> fp32 logits ``[N, vocab]``."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()

@@ -1,0 +1,114 @@
+"""The model runner: turns a :class:`BatchPlan` into logits. It decides no policy.
+
+One step = copy-on-write block copies, then one forward over the flat batch of every
+scheduled chunk, then logits for the last position of each chunk with ``sample=True``.
+
+KV pool layout (project-wide contract, see ``engine/attention/base.py``)::
+
+    kv_cache: [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]
+
+Block-major, so one block's KV for all layers is one contiguous byte range (one NIXL
+descriptor per block).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionBackend, get_backend, layout_chunks, token_positions
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaModel
+from engine.scheduler.plan import BatchPlan
+
+
+def kv_cache_shape(
+    config: ModelConfig, num_blocks: int, block_size: int
+) -> tuple[int, int, int, int, int, int]:
+    return (num_blocks, config.num_layers, 2, block_size, config.num_kv_heads, config.head_dim)
+
+
+def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one block (all layers, K and V): the unit of allocation and of transfer."""
+    elements = config.num_layers * 2 * block_size * config.num_kv_heads * config.head_dim
+    return elements * dtype.itemsize
+
+
+def allocate_kv_cache(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """A zeroed pool of ``num_blocks`` blocks (zeros keep padded reads finite)."""
+    if num_blocks < 1 or block_size < 1:
+        raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+    return torch.zeros(kv_cache_shape(config, num_blocks, block_size), dtype=dtype, device=device)
+
+
+class ModelRunner:
+    """Executes step plans on one model and one KV pool."""
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        model: LlamaModel,
+        kv_cache: torch.Tensor,
+        block_size: int,
+        device: torch.device | str = "cpu",
+        attention_backend: AttentionBackend | None = None,
+    ) -> None:
+        expected = kv_cache_shape(model_config, kv_cache.shape[0], block_size)
+        if tuple(kv_cache.shape) != expected:
+            raise ValueError(
+                f"kv_cache shape {tuple(kv_cache.shape)} does not match the model and "
+                f"block_size {block_size}: expected {expected}"
+            )
+        model_dtype = model.embed_tokens.weight.dtype
+        if kv_cache.dtype != model_dtype:
+            raise ValueError(
+                f"kv_cache dtype {kv_cache.dtype} differs from the model's {model_dtype}; "
+                "allocate the pool in the model dtype"
+            )
+        self.config = model_config
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self.attention = attention_backend or get_backend("auto", self.device)
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.kv_cache.shape[0])
+
+    @torch.inference_mode()
+    def execute(self, plan: BatchPlan) -> torch.Tensor:
+        """Run one step; returns fp32 logits ``[num_sampled, vocab]`` in plan order."""
+        if plan.block_copies:
+            self._copy_blocks(plan.block_copies)
+        if not plan.chunks:
+            return torch.empty(0, self.config.vocab_size, device=self.device)
+        layout = layout_chunks(plan.chunks, self.block_size)
+        token_ids = [t for chunk in plan.chunks for t in chunk.token_ids]
+        input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
+        positions = torch.tensor(token_positions(layout), dtype=torch.int64, device=self.device)
+        attn = self.attention.build_metadata(
+            layout, self.block_size, self.config.num_layers, self.device
+        )
+        hidden = self.model(input_ids, positions, attn, self.kv_cache)  # [T, hidden]
+        ends = layout.query_start_loc[1:]
+        sample_rows = [
+            end - 1 for end, chunk in zip(ends, plan.chunks, strict=True) if chunk.sample
+        ]
+        if len(sample_rows) != len(token_ids):  # all-decode steps sample every row: no gather
+            hidden = hidden[torch.tensor(sample_rows, dtype=torch.int64, device=self.device)]
+        return self.model.compute_logits(hidden)
+
+    def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
+        """Copy whole blocks (every layer, K and V) ``src -> dst``, all reads before writes."""
+        src = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.int64, device=self.device)
+        assert int(max(src.max(), dst.max())) < self.num_blocks, (
+            f"block copy {copies} outside the pool of {self.num_blocks} blocks"
+        )
+        self.kv_cache.index_copy_(0, dst, self.kv_cache.index_select(0, src))

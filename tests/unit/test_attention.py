@@ -1,0 +1,137 @@
+"""Paged attention backends vs a dense reference (SDPA with an explicit mask)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.attention import get_backend, layout_chunks
+from engine.attention.base import AttentionBackend
+from engine.attention.cpu import CpuAttentionBackend
+
+NUM_LAYERS, BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM, NUM_BLOCKS = 3, 4, 2, 6, 8, 64
+
+
+@dataclass(frozen=True)
+class Chunk:
+    start_pos: int
+    num_tokens: int
+    block_table: tuple[int, ...]
+
+
+@dataclass
+class Case:
+    chunks: list[Chunk]
+    full_k: list[torch.Tensor]  # per chunk: [context_len, KVH, D]
+    full_v: list[torch.Tensor]
+    q: torch.Tensor  # [T, H, D]
+    pool: torch.Tensor
+
+
+def make_case(spans: list[tuple[int, int]], seed: int) -> Case:
+    """``spans`` = (start_pos, num_tokens) per chunk; block tables are random and disjoint."""
+    gen = torch.Generator().manual_seed(seed)
+    free_blocks = list(range(NUM_BLOCKS))
+    random.Random(seed).shuffle(free_blocks)
+    pool = torch.randn(NUM_BLOCKS, NUM_LAYERS, 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen)
+    chunks, full_k, full_v = [], [], []
+    for start, n in spans:
+        # One spare block at the end: tables may be longer than the context needs.
+        num_blocks = -(-(start + n) // BLOCK_SIZE) + 1
+        table = tuple(free_blocks.pop() for _ in range(num_blocks))
+        chunks.append(Chunk(start, n, table))
+        full_k.append(torch.randn(start + n, KV_HEADS, HEAD_DIM, generator=gen))
+        full_v.append(torch.randn(start + n, KV_HEADS, HEAD_DIM, generator=gen))
+    q = torch.randn(sum(n for _, n in spans), HEADS, HEAD_DIM, generator=gen)
+    return Case(chunks, full_k, full_v, q, pool)
+
+
+def write_cached_prefix(case: Case, layer: int) -> None:
+    for chunk, k, v in zip(case.chunks, case.full_k, case.full_v, strict=True):
+        for p in range(chunk.start_pos):
+            block, offset = chunk.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE
+            case.pool[block, layer, 0, offset] = k[p]
+            case.pool[block, layer, 1, offset] = v[p]
+
+
+def dense_reference(case: Case) -> torch.Tensor:
+    outs, token = [], 0
+    for chunk, k, v in zip(case.chunks, case.full_k, case.full_v, strict=True):
+        n, start = chunk.num_tokens, chunk.start_pos
+        q = case.q[token : token + n].transpose(0, 1)  # [H, n, D]
+        keys = k.transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, dim=0)  # [H, ctx, D]
+        values = v.transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, dim=0)
+        query_pos = torch.arange(start, start + n)[:, None]
+        mask = torch.arange(start + n)[None, :] <= query_pos  # [n, ctx]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        outs.append(out.transpose(0, 1).reshape(n, HEADS * HEAD_DIM))
+        token += n
+    return torch.cat(outs)
+
+
+def run_backend(backend: AttentionBackend, case: Case, layer: int) -> torch.Tensor:
+    layout = layout_chunks(case.chunks, BLOCK_SIZE)
+    meta = backend.build_metadata(layout, BLOCK_SIZE, NUM_LAYERS, torch.device("cpu"))
+    new_k = torch.cat([k[c.start_pos :] for c, k in zip(case.chunks, case.full_k, strict=True)])
+    new_v = torch.cat([v[c.start_pos :] for c, v in zip(case.chunks, case.full_v, strict=True)])
+    return backend.forward(layer, case.q, new_k, new_v, case.pool, meta)
+
+
+BACKENDS = {
+    "cpu-grouped": lambda: get_backend("cpu-grouped"),
+    "cpu-padded": lambda: get_backend("cpu-padded"),
+    "cpu-per-seq": lambda: get_backend("cpu-per-seq"),
+    # Budget of 40 key positions: several groups per step, some masked, some not.
+    "cpu-grouped-small": lambda: CpuAttentionBackend("grouped", group_tokens=40),
+}
+MIXED_BATCHES = {
+    "decodes_first": [(9, 1), (0, 1), (30, 1), (0, 7), (5, 6), (12, 16)],
+    "decodes_between": [(3, 5), (17, 1), (8, 9), (2, 1), (0, 3)],
+    "decode_only": [(1, 1), (15, 1), (16, 1), (40, 1), (14, 1), (2, 1), (15, 1)],
+    "one_chunk_mid_block": [(6, 11)],
+    "fresh_prefill_only": [(0, 13), (0, 2)],
+}
+
+
+@pytest.mark.parametrize("backend_name", sorted(BACKENDS))
+@pytest.mark.parametrize("batch", sorted(MIXED_BATCHES))
+def test_matches_dense_reference(backend_name: str, batch: str) -> None:
+    backend = BACKENDS[backend_name]()  # reused across cases: its scratch buffer too
+    for seed in range(3):
+        case = make_case(MIXED_BATCHES[batch], seed)
+        write_cached_prefix(case, layer=1)
+        out = run_backend(backend, case, layer=1)
+        torch.testing.assert_close(out, dense_reference(case), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend_name", sorted(BACKENDS))
+def test_new_kv_lands_in_its_slots_and_layer_only(backend_name: str) -> None:
+    case = make_case(MIXED_BATCHES["decodes_first"], seed=7)
+    before = case.pool.clone()
+    run_backend(BACKENDS[backend_name](), case, layer=2)
+    touched = torch.zeros(NUM_BLOCKS, NUM_LAYERS, 2, BLOCK_SIZE, dtype=torch.bool)
+    for chunk, k, v in zip(case.chunks, case.full_k, case.full_v, strict=True):
+        for p in range(chunk.start_pos, chunk.start_pos + chunk.num_tokens):
+            block, offset = chunk.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE
+            torch.testing.assert_close(case.pool[block, 2, 0, offset], k[p], rtol=0, atol=0)
+            torch.testing.assert_close(case.pool[block, 2, 1, offset], v[p], rtol=0, atol=0)
+            touched[block, 2, :, offset] = True
+    assert torch.equal(case.pool[~touched], before[~touched])
+
+
+def test_short_block_table_is_rejected() -> None:
+    with pytest.raises(ValueError, match="needs 3"):
+        layout_chunks([Chunk(start_pos=8, num_tokens=1, block_table=(0, 1))], BLOCK_SIZE)
+
+
+def test_unknown_backend_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="cpu-padded"):
+        get_backend("tpu")
+
+
+def test_auto_is_cpu_on_cpu() -> None:
+    assert get_backend("auto", "cpu").name.startswith("cpu")
