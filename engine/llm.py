@@ -11,6 +11,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestOutput, StepOutput
 from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
 from engine.worker_state import LoadedModel
 
 Prompt = str | Sequence[int]
@@ -28,7 +29,7 @@ class LLM:
         self._ids = itertools.count()
 
     @property
-    def tokenizer(self):  # type: ignore[no-untyped-def]
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     def generate(
@@ -75,8 +76,8 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         return [prompts]
     items = list(prompts)
     if items and all(isinstance(t, int) for t in items):
-        return [items]  # a single prompt given as token ids
-    return items  # type: ignore[return-value]
+        return [[int(t) for t in items]]  # type: ignore[arg-type]  # one prompt of token ids
+    return [p for p in items if not isinstance(p, int)]
 
 
 def _as_param_list(

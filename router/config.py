@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router.goodput import SloConfig
 from router.policies import DEFAULT_POLICY, CostModel, normalize_policy_name
 
 
@@ -38,6 +39,8 @@ class RouterConfig:
     tls_cert_path: str | None = None
     tls_key_path: str | None = None
     max_message_bytes: int = 16 * 1024 * 1024
+    # SLO targets and goodput windows (/metrics, /dashboard, Redis when a URL is given).
+    slo: SloConfig = field(default_factory=SloConfig)
 
     def __post_init__(self) -> None:
         normalize_policy_name(self.default_policy)

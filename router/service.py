@@ -14,12 +14,15 @@ import grpc
 import uvicorn
 
 from router.config import RouterConfig
+from router.dashboard import mount_observability
 from router.directory import ChannelPool, WorkerDirectory
 from router.frontend import Frontend
 from router.grpc_server import start_grpc_server
 from router.http_server import create_app
 from router.lifecycle import RequestLifecycle
 from router.locality import LocalityIndex, PromptBlockHasher
+from router.metered_lifecycle import MeteredLifecycle
+from router.observability import RouterObservability
 from router.request import TimingSink
 from router.tokenizer import Tokenizer
 
@@ -32,6 +35,7 @@ class RouterService:
     grpc_port: int
     http_server: uvicorn.Server
     http_port: int
+    observability: RouterObservability
     _http_task: asyncio.Task[None]
 
     async def stop(self, grace_s: float | None = 5.0) -> None:
@@ -39,6 +43,7 @@ class RouterService:
         self.http_server.should_exit = True
         await self.grpc_server.stop(grace_s)
         await self._http_task
+        await self.observability.stop()
         await self.lifecycle.close()
 
 
@@ -53,13 +58,16 @@ async def start_router(
 ) -> RouterService:
     """Start both servers on ``config.host``; ``worker_credentials`` secure worker channels."""
     channels = ChannelPool(worker_credentials, config.max_message_bytes)
-    lifecycle = RequestLifecycle(config, directory, channels, locality, hasher, timing_sink)
+    obs = RouterObservability(config, directory, channels)
+    lifecycle = MeteredLifecycle(config, directory, channels, obs, locality, hasher, timing_sink)
     frontend = Frontend(config, tokenizer, lifecycle)
     grpc_server, grpc_port = await start_grpc_server(frontend, config)
+    app = create_app(frontend, config)
+    mount_observability(app, obs)
     sock = _listen(config.host, config.http_port)
     http_server = uvicorn.Server(
         uvicorn.Config(
-            create_app(frontend, config),
+            app,
             log_level="warning",
             access_log=False,
             lifespan="off",
@@ -74,8 +82,9 @@ async def start_router(
             raise RuntimeError(f"HTTP server on {config.host}:{config.http_port} did not start")
         await asyncio.sleep(0.005)
     http_port = int(sock.getsockname()[1])
+    obs.start()
     return RouterService(
-        lifecycle, frontend, grpc_server, grpc_port, http_server, http_port, http_task
+        lifecycle, frontend, grpc_server, grpc_port, http_server, http_port, obs, http_task
     )
 
 

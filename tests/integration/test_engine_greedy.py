@@ -1,0 +1,155 @@
+"""Greedy output of the offline engine equals transformers' greedy generate, token for token,
+and no engine technique (prefix caching, chunked prefill, preemption, batch size,
+prefill->decode hand-off) changes a token."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.worker_state import LoadedModel
+
+NEW_TOKENS = 64
+_LONG = " ".join(
+    f"Section {i}: the river keeps flowing past the old mill while the town sleeps."
+    for i in range(40)
+)
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "Translate to French: I would like a cup of coffee.",
+    "List three primary colors:",
+    "The quick brown fox",
+    "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
+    _LONG,  # > 512 tokens: exercises every chunk size below
+]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def loaded(default_model_source: Any, smollm2_model: Any, smollm2_tokenizer: Any) -> LoadedModel:
+    return LoadedModel(default_model_source, smollm2_model, smollm2_tokenizer, "float32")
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(smollm2_tokenizer: Any, hf_smollm2_tokenizer: Any) -> list[list[int]]:
+    ids = [smollm2_tokenizer.encode(p) for p in PROMPTS]
+    assert ids == [hf_smollm2_tokenizer(p).input_ids for p in PROMPTS]
+    assert len(ids[-1]) > 512, "the long prompt must exceed the largest chunk"
+    return ids
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf_smollm2: Any, prompt_ids: list[list[int]]) -> list[list[int]]:
+    """transformers' greedy continuations, one prompt at a time (no padding involved).
+
+    An empty EOS list makes transformers keep taking the argmax past EOS, which is what
+    ``ignore_eos`` does (``min_new_tokens`` would mask EOS instead and so change the argmax).
+    """
+    config = copy.deepcopy(hf_smollm2.generation_config)
+    config.update(eos_token_id=[], do_sample=False, max_new_tokens=NEW_TOKENS)
+    outputs = []
+    for ids in prompt_ids:
+        prompt = torch.tensor([ids])
+        with torch.inference_mode():
+            out = hf_smollm2.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                generation_config=config,
+            )
+        assert out.shape[1] == len(ids) + NEW_TOKENS
+        outputs.append(out[0, len(ids) :].tolist())
+    return outputs
+
+
+def run(
+    loaded: LoadedModel, prompts: list[list[int]], **config: Any
+) -> tuple[list[list[int]], LLM]:
+    llm = LLM(loaded=loaded, **config)
+    results = llm.generate(prompts, GREEDY)
+    assert [r.prompt_token_ids for r in results] == prompts
+    return [r.token_ids for r in results], llm
+
+
+def test_offline_engine_matches_transformers(
+    loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    tokens, _ = run(loaded, prompt_ids)
+    for i, (ours, ref) in enumerate(zip(tokens, hf_greedy, strict=True)):
+        assert ours == ref, f"prompt {i} diverges at token {_first_diff(ours, ref)}"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param({"enable_prefix_caching": False}, id="prefix-cache-off"),
+        pytest.param({"enable_chunked_prefill": False}, id="chunking-off"),
+        pytest.param({"long_prefill_token_threshold": 16}, id="chunk-16"),
+        pytest.param({"long_prefill_token_threshold": 64}, id="chunk-64"),
+        pytest.param({"long_prefill_token_threshold": 512}, id="chunk-512"),
+        pytest.param({"max_num_seqs": 1}, id="batch-1"),
+    ],
+)
+def test_engine_settings_never_change_a_token(
+    loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]], config: dict
+) -> None:
+    tokens, _ = run(loaded, prompt_ids, **config)
+    assert tokens == hf_greedy
+
+
+def test_batch_32_with_shared_prefixes_hits_the_cache(
+    loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    prompts = prompt_ids * 4
+    tokens, llm = run(loaded, prompts)
+    assert tokens == hf_greedy * 4
+    assert llm.engine.scheduler.stats().prefix_hit_tokens > 0
+
+
+def test_forced_preemption_recomputes_identically(
+    loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    # 56 blocks x 16 = 896 token slots for ~1.6k tokens of demand: sequences must be evicted.
+    tokens, llm = run(loaded, prompt_ids, num_blocks=56)
+    assert llm.engine.scheduler.stats().num_preemptions > 0
+    assert tokens == hf_greedy
+
+
+def test_prefill_then_decode_in_another_engine(
+    loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    """The role hooks: one engine prefills and keeps KV, its blocks are copied into another
+    engine's reservation, which continues the sequence (what the workers do over NIXL)."""
+    prefill = LLM(loaded=loaded).engine
+    decode = LLM(loaded=loaded).engine
+    for i, ids in enumerate(prompt_ids[:3]):
+        rid = f"r{i}"
+        prefill.add_prefill_request(rid, ids, GREEDY)
+        first = [o for o in _drain(prefill) if o.request_id == rid]
+        assert len(first) == 1 and first[0].finish_reason is None
+        reservation = decode.reserve_import(rid, ids)
+        assert reservation is not None
+        src = prefill.block_table(rid)
+        dst = reservation.block_ids
+        decode.runner.kv_cache[list(dst)] = prefill.runner.kv_cache[list(src)]
+        prefill.release(rid)
+        assert decode.admit_imported(rid, ids, GREEDY, first[0].token_ids[0])
+        rest = [t for o in _drain(decode) if o.request_id == rid for t in o.token_ids]
+        assert [first[0].token_ids[0], *rest] == hf_greedy[i]
+    assert prefill.kv.num_free_blocks == prefill.kv.num_blocks
+
+
+def _drain(engine: Any) -> list[Any]:
+    outputs = []
+    while engine.has_unfinished():
+        outputs.extend(engine.step())
+    return outputs
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -1,0 +1,114 @@
+"""A worker's own /metrics endpoint (cluster/worker_metrics.py), scraped over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cluster.worker_metrics import start_metrics_server, stats_fn_on_loop
+from pdserve_proto import worker_pb2
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    response = httpx.get(url)
+    assert response.status_code == 200
+    out: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def stats(worker_id: str, generated_tokens: int = 0) -> worker_pb2.WorkerStats:
+    return worker_pb2.WorkerStats(
+        worker_id=worker_id, role="prefill", waiting=3, running=2, free_blocks=48,
+        cached_blocks=7, total_blocks=64, prefix_hit_tokens=160, prompt_tokens=400,
+        generated_tokens=generated_tokens, transfer_bytes=1 << 20, transfers_ok=9,
+        transfers_failed=1, recompute_fallbacks=2, epoch=17,
+    )  # fmt: skip
+
+
+def test_each_scrape_reads_the_stats_function_now() -> None:
+    calls: list[int] = []
+
+    def stats_fn() -> worker_pb2.WorkerStats:
+        calls.append(1)
+        return stats("p0", generated_tokens=10 * len(calls))
+
+    server = start_metrics_server(0, stats_fn)
+    try:
+        assert calls == []  # nothing is read before the first scrape
+        first = scrape(server.url)
+        labels = (("role", "prefill"), ("worker", "p0"))
+        assert first[("pdserve_worker_up", ())] == 1
+        assert first[("pdserve_worker_waiting", labels)] == 3
+        assert first[("pdserve_worker_running", labels)] == 2
+        assert first[("pdserve_worker_kv_usage", labels)] == pytest.approx(16 / 64)
+        assert first[("pdserve_worker_prefix_hit_tokens_total", labels)] == 160
+        assert first[("pdserve_worker_kv_transfer_bytes_total", labels)] == 1 << 20
+        assert first[("pdserve_worker_recompute_fallbacks_total", labels)] == 2
+        failed = tuple(sorted((*labels, ("result", "failed"))))
+        assert first[("pdserve_worker_kv_transfers_total", failed)] == 1
+        assert first[("pdserve_worker_epoch", ())] == 17
+        assert first[("pdserve_worker_generated_tokens_total", labels)] == 10
+        second = scrape(server.url)
+        assert second[("pdserve_worker_generated_tokens_total", labels)] == 20
+    finally:
+        server.stop()
+
+
+def test_a_failing_stats_function_reports_down_without_failing_the_scrape() -> None:
+    def broken() -> worker_pb2.WorkerStats:
+        raise RuntimeError("engine loop stopped")
+
+    server = start_metrics_server(0, broken)
+    try:
+        got = scrape(server.url)
+        assert got[("pdserve_worker_up", ())] == 0
+        assert not any(name == "pdserve_worker_waiting" for name, _ in got)
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def loop_in_thread() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+    loop.close()
+
+
+def test_two_workers_in_one_process_with_stats_on_an_event_loop(
+    loop_in_thread: asyncio.AbstractEventLoop,
+) -> None:
+    async def stats_p1() -> worker_pb2.WorkerStats:
+        await asyncio.sleep(0)  # a real coroutine, run on the worker's loop
+        return stats("p1")
+
+    a = start_metrics_server(0, lambda: stats("p0"))
+    b = start_metrics_server(0, stats_fn_on_loop(stats_p1, loop_in_thread))
+    try:
+        assert a.port != b.port
+        workers_a = {dict(lb).get("worker") for _, lb in scrape(a.url)} - {None}
+        workers_b = {dict(lb).get("worker") for _, lb in scrape(b.url)} - {None}
+        assert (workers_a, workers_b) == ({"p0"}, {"p1"})
+    finally:
+        a.stop()
+        b.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(a.url)  # stop() closed the socket
+
+
+def test_port_must_be_a_port() -> None:
+    with pytest.raises(ValueError, match=r"metrics port must be in \[0, 65535\]"):
+        start_metrics_server(70000, lambda: stats("p0"))
