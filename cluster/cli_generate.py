@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     prompts: list[str | list[int]] = list(args.prompt)
     if args.chat:
         prompts = [
-            llm.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in prompts
+            llm.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+            for text in args.prompt
         ]
     if args.json:
         for out in llm.generate(prompts, params):

@@ -30,14 +30,18 @@ def _flatten(out_dir: Path) -> list[Path]:
     """Move pdserve/v1/x_pb2.py to x_pb2.py and rewrite imports to the pdserve_proto package."""
     written = []
     for path in sorted((out_dir / "pdserve" / "v1").glob("*")):
-        text = re.sub(r"from pdserve\.v1 import (\w+)", r"from pdserve_proto import \1", path.read_text())
+        text = re.sub(
+            r"from pdserve\.v1 import (\w+)", r"from pdserve_proto import \1", path.read_text()
+        )
         target = out_dir / path.name
         target.write_text(text)
         path.unlink()
         written.append(target)
     for d in (out_dir / "pdserve" / "v1", out_dir / "pdserve"):
         d.rmdir()
-    (out_dir / "__init__.py").write_text('"""Generated protobuf/gRPC stubs (see proto/generate.py)."""\n')
+    (out_dir / "__init__.py").write_text(
+        '"""Generated protobuf/gRPC stubs (see proto/generate.py)."""\n'
+    )
     return written
 
 

@@ -20,4 +20,6 @@ def test_committed_stubs_are_current(tmp_path: Path) -> None:
     for path in fresh:
         committed = ROOT / "pdserve_proto" / path.name
         assert committed.exists(), f"{committed} missing: run proto/generate.py"
-        assert committed.read_text() == path.read_text(), f"{committed.name} is stale: run proto/generate.py"
+        assert committed.read_text() == path.read_text(), (
+            f"{committed.name} is stale: run proto/generate.py"
+        )
