@@ -1,0 +1,177 @@
+"""The Prefill RPC: compute the prompt, stream the first token at once, ship the KV.
+
+::
+
+    Prefill(request)  ──> engine.prefill: first token (KV held)  ──> event 1: first_token
+                      ──> our block table[present:] -> destination[present:] (KV sender)
+                      ──> release the KV (transfer ok or not)      ──> event 2: TransferReport
+
+A transfer failure is a report with ``ok=false`` (the first token already went out); the
+router then retries the transfer elsewhere or recomputes. The held KV is released only
+once the sender is done reading it, even when the caller goes away mid-transfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+from engine.async_engine import AsyncEngine
+from kv_transfer import KVSender, TransferConfig, TransferHandle, TransferStats, make_sender
+from pdserve_proto import worker_pb2
+from prefill_worker.convert import (
+    KVDestination,
+    check_request_id,
+    destination_from_proto,
+    params_from_proto,
+    prompt_from_proto,
+    step_to_chunk,
+)
+from prefill_worker.errors import PreconditionFailed, RequestCancelled
+from prefill_worker.transfer import TransferPlan, await_handle, plan_transfer, report_for
+
+log = logging.getLogger(__name__)
+
+
+class PrefillService:
+    """Prefill-role handlers over one engine and one KV sender."""
+
+    def __init__(
+        self, engine: AsyncEngine, sender: KVSender, backend: str, transfer_timeout_s: float
+    ) -> None:
+        self.engine = engine
+        self.sender = sender
+        self.backend = backend
+        # The sender ends every transfer within its own timeout; waiting a bit longer
+        # only guards against a backend that breaks that promise.
+        self._wait_s = transfer_timeout_s + 5.0
+        self._active: set[str] = set()  # first token out, KV not released yet
+        self._sending: dict[str, TransferHandle] = {}  # the sender may be reading these
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def prefill(
+        self, request: worker_pb2.PrefillRequest
+    ) -> AsyncIterator[worker_pb2.PrefillEvent]:
+        """The Prefill stream: first_token, then the TransferReport."""
+        request_id = check_request_id(request.request_id)
+        params = params_from_proto(request.params)
+        prompt = prompt_from_proto(request.prompt_token_ids)
+        dest = self._destination(request)
+        started_s = time.monotonic()
+        first = await self.engine.prefill(request_id, prompt, params)
+        if first.finish_reason == "abort":
+            raise RequestCancelled(f"prefill {request_id!r} was cancelled before its first token")
+        ttft_s = time.monotonic() - started_s
+        self._active.add(request_id)
+        released = False
+        try:
+            yield worker_pb2.PrefillEvent(first_token=step_to_chunk(first))
+            if first.finished:  # nothing left to decode: the KV is not needed elsewhere
+                report = worker_pb2.TransferReport(ok=True)
+            else:
+                report = await self._send(request_id, dest)
+            await self.engine.release(request_id)
+            released = True
+            self._log(request_id, len(prompt), ttft_s, report)
+            yield worker_pb2.PrefillEvent(transfer=report)
+        finally:
+            self._active.discard(request_id)
+            if not released:
+                self._spawn(self._release_when_done(request_id))
+
+    async def cancel(self, request_id: str) -> bool:
+        """Cancel: a prefill mid-transfer finishes the transfer first (its stream's
+        caller is told by the report); anything else is aborted and freed now."""
+        if request_id in self._active:
+            return True
+        return await self.engine.abort(request_id)
+
+    @classmethod
+    def create(cls, engine: AsyncEngine, backend: str, config: TransferConfig) -> PrefillService:
+        """A service with its own sender over the engine's KV pool (blocking: NIXL setup)."""
+        sender = make_sender(backend, config)
+        sender.register_pool(engine.engine.runner.kv_cache)
+        return cls(engine, sender, backend, config.timeout_s)
+
+    def transfer_stats(self) -> TransferStats:
+        return self.sender.stats()
+
+    async def close(self) -> None:
+        """Let transfers in flight end and their KV be released, then close the sender."""
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=self._wait_s)
+        self.sender.close()
+
+    def _destination(self, request: worker_pb2.PrefillRequest) -> KVDestination:
+        if not request.HasField("destination"):
+            raise ValueError(
+                "Prefill needs a destination: the decode worker's ReserveKV answer "
+                "(use Generate to serve a request on one worker)"
+            )
+        dest = destination_from_proto(request.destination)
+        if dest.backend != self.backend:
+            raise PreconditionFailed(
+                f"destination {dest.worker_id!r} receives KV over {dest.backend!r} but this "
+                f"prefill worker sends over {self.backend!r}; pair workers of one backend"
+            )
+        return dest
+
+    async def _send(self, request_id: str, dest: KVDestination) -> worker_pb2.TransferReport:
+        try:
+            plan = plan_transfer(await self.engine.block_table(request_id), dest)
+        except ValueError as exc:  # tables disagree, or a Cancel freed the KV already
+            return worker_pb2.TransferReport(ok=False, error=str(exc))
+        if plan.empty:
+            return worker_pb2.TransferReport(ok=True, blocks_skipped=plan.blocks_skipped)
+        try:
+            handle = self.sender.send(
+                plan.transfer_id, plan.src_block_ids, plan.peer, plan.dst_block_ids
+            )
+        except Exception as exc:  # bad peer metadata, unreachable peer: this request only
+            return _failed_report(plan, f"{type(exc).__name__}: {exc}")
+        self._sending[request_id] = handle
+        await await_handle(handle, self._wait_s)
+        self._sending.pop(request_id, None)
+        return report_for(plan, handle, self._wait_s)
+
+    async def _release_when_done(self, request_id: str) -> None:
+        """The caller went away: free the held KV once the sender no longer reads it."""
+        handle = self._sending.pop(request_id, None)
+        if handle is not None and not handle.finished:
+            await await_handle(handle, self._wait_s)
+        freed = await self.engine.abort(request_id)
+        log.info("prefill %s: caller gone; KV released (held: %s)", request_id, freed)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    def _log(
+        request_id: str, prompt_tokens: int, ttft_s: float, report: worker_pb2.TransferReport
+    ) -> None:
+        log.info(
+            "prefill %s: %d prompt tokens, first token after %.3fs; KV %s: %d blocks sent, "
+            "%d skipped, %d bytes in %.3fs%s",
+            request_id,
+            prompt_tokens,
+            ttft_s,
+            "ok" if report.ok else "FAILED",
+            report.blocks_sent,
+            report.blocks_skipped,
+            report.bytes,
+            report.seconds,
+            f" ({report.error})" if report.error else "",
+        )
+
+
+def _failed_report(plan: TransferPlan, error: str) -> worker_pb2.TransferReport:
+    return worker_pb2.TransferReport(
+        ok=False,
+        error=f"transfer {plan.transfer_id!r}: {error}",
+        blocks_skipped=plan.blocks_skipped,
+    )

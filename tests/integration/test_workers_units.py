@@ -1,0 +1,124 @@
+"""The worker's pure pieces, in milliseconds (no model, no processes): transfer planning,
+the reservation table, proto conversion, the error -> status mapping, handle waiting.
+
+(They sit beside the worker process tests; they belong with tests/unit as well.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+import pytest
+
+from decode_worker.reservations import Reservation, ReservationTable
+from engine.sampling_params import SamplingParams
+from kv_transfer import TransferHandle, TransferState
+from pdserve_proto import common_pb2, worker_pb2
+from prefill_worker.convert import (
+    KVDestination,
+    destination_from_proto,
+    first_token_from_proto,
+    params_from_proto,
+)
+from prefill_worker.errors import (
+    PreconditionFailed,
+    RequestCancelled,
+    TransferFailed,
+    TransferTimedOut,
+    status_for,
+)
+from prefill_worker.transfer import await_handle, plan_transfer
+
+
+def _dest(block_ids: tuple[int, ...], present: int) -> KVDestination:
+    return KVDestination("d0", "nixl", b"meta", block_ids, present, "t1")
+
+
+def test_plan_skips_the_blocks_the_receiver_holds() -> None:
+    plan = plan_transfer((17, 4, 30, 9, 12), _dest((2, 8, 51, 60, 61), 2))
+    assert plan.src_block_ids == (30, 9, 12)
+    assert plan.dst_block_ids == (51, 60, 61)
+    assert (plan.blocks_skipped, plan.transfer_id, plan.peer) == (2, "t1", b"meta")
+    assert plan_transfer((1, 2), _dest((5, 6), 2)).empty
+
+
+def test_plan_refuses_tables_of_different_lengths() -> None:
+    with pytest.raises(ValueError, match="fills 3 blocks here but the destination reserved 2"):
+        plan_transfer((1, 2, 3), _dest((5, 6), 0))
+
+
+def _reservation(request_id: str, expires_at_s: float) -> Reservation:
+    return Reservation(request_id, f"{request_id}#x", (1, 2), (7,), 0, None, expires_at_s)
+
+
+def test_reservation_table_claims_once_and_expires_only_unclaimed() -> None:
+    table = ReservationTable()
+    table.add(_reservation("a", 10.0))
+    table.add(_reservation("b", 10.0))
+    table.add(_reservation("c", 99.0))
+    with pytest.raises(ValueError, match="already holds a KV reservation"):
+        table.add(_reservation("a", 10.0))
+    claimed = table.claim("a")
+    assert claimed is not None and claimed.claimed and table.claim("a") is None
+    assert [r.request_id for r in table.take_expired(now_s=10.0)] == ["b"]
+    assert len(table) == 2 and "b" not in table
+    assert table.pop("a") is claimed and table.claim("zzz") is None
+
+
+def test_unset_proto_params_take_the_engine_defaults() -> None:
+    assert params_from_proto(common_pb2.SamplingParams()) == SamplingParams()
+    msg = common_pb2.SamplingParams(max_tokens=3, temperature=0.0, seed=7, stop=["x"], n=2)
+    params = params_from_proto(msg)
+    assert (params.max_tokens, params.temperature, params.seed, params.stop, params.n) == (
+        3,
+        0.0,
+        7,
+        ("x",),
+        2,
+    )
+    with pytest.raises(ValueError, match="top_p"):
+        params_from_proto(common_pb2.SamplingParams(top_p=0.0))
+
+
+def test_destination_and_first_token_are_checked_at_the_edge() -> None:
+    good = worker_pb2.KVDestination(
+        worker_id="d", backend="tcp", agent_metadata=b"m", block_ids=[4, 5], transfer_id="t"
+    )
+    assert destination_from_proto(good).block_ids == (4, 5)
+    with pytest.raises(ValueError, match="num_present_blocks=3 exceeds its 2 block ids"):
+        destination_from_proto(
+            worker_pb2.KVDestination(
+                agent_metadata=b"m", block_ids=[4, 5], transfer_id="t", num_present_blocks=3
+            )
+        )
+    with pytest.raises(ValueError, match="exactly one token id"):
+        first_token_from_proto(common_pb2.TokenChunk(token_ids=[1, 2]))
+    with pytest.raises(ValueError, match="already finished"):
+        first_token_from_proto(common_pb2.TokenChunk(token_ids=[1], finish_reason="stop"))
+    assert first_token_from_proto(common_pb2.TokenChunk(token_ids=[9])) == 9
+
+
+def test_each_worker_error_has_one_status_code() -> None:
+    assert status_for(ValueError("x")) is grpc.StatusCode.INVALID_ARGUMENT
+    assert status_for(PreconditionFailed("x")) is grpc.StatusCode.FAILED_PRECONDITION
+    assert status_for(RequestCancelled("x")) is grpc.StatusCode.CANCELLED
+    assert status_for(TransferFailed("x")) is grpc.StatusCode.ABORTED
+    assert status_for(TransferTimedOut("x")) is grpc.StatusCode.UNAVAILABLE
+    assert status_for(KeyError("x")) is grpc.StatusCode.INTERNAL
+
+
+def test_await_handle_returns_done_times_out_or_is_cancelled() -> None:
+    async def scenario() -> None:
+        done = TransferHandle("t-done")
+        done.start()
+        threading.Timer(0.01, lambda: done.succeed(64)).start()
+        assert await await_handle(done, timeout_s=5.0) is TransferState.DONE
+        assert await await_handle(TransferHandle("t-slow"), 0.01) is TransferState.PENDING
+        cancelled = asyncio.Event()
+        cancelled.set()
+        with pytest.raises(RequestCancelled, match="t-cancel"):
+            await await_handle(TransferHandle("t-cancel"), 5.0, cancelled)
+
+    asyncio.run(scenario())
