@@ -8,10 +8,15 @@ directory. transformers is imported inside :func:`load_tokenizer` only, so impor
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.model.registry import ModelSource, resolve_model
+from engine.paths import cache_dir
 
 REPLACEMENT_CHAR = "\ufffd"
 # Prompt tokens kept as left context so the first output token decodes as it would mid-text
@@ -134,8 +139,31 @@ def load_tokenizer(model: str | ModelSource | None = None) -> Tokenizer:
     from transformers import AutoTokenizer
 
     source = model if isinstance(model, ModelSource) else resolve_model(model)
-    if source.kind == "gguf":
-        hf = AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
-    else:
-        hf = AutoTokenizer.from_pretrained(str(source.path))
+    if source.kind != "gguf":
+        return Tokenizer(AutoTokenizer.from_pretrained(str(source.path)))
+    cached = _gguf_tokenizer_cache(source.path)
+    if (cached / "tokenizer_config.json").exists():
+        return Tokenizer(AutoTokenizer.from_pretrained(str(cached)))
+    # Building a tokenizer from GGUF metadata takes seconds; every worker process would pay
+    # it at start, so the converted tokenizer is saved once and reloaded from disk after.
+    hf = AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
+    _save_atomically(hf, cached)
     return Tokenizer(hf)
+
+
+def _gguf_tokenizer_cache(path: Path) -> Path:
+    """Cache folder keyed by the GGUF file's path, size and mtime (a new file, a new key)."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return cache_dir() / "tokenizers" / key.hexdigest()[:16]
+
+
+def _save_atomically(hf: Any, target: Path) -> None:
+    """Save into a fresh folder, then rename: concurrent workers never see half a cache."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent))
+    hf.save_pretrained(str(staging))
+    try:
+        staging.rename(target)
+    except OSError:  # another process won the race; its copy is as good as ours
+        shutil.rmtree(staging, ignore_errors=True)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from engine.model import weight_cache
 from engine.model.config import ModelConfig, config_from_gguf, config_from_hf
 from engine.model.llama import LlamaModel
 from engine.model.registry import ModelSource
@@ -105,11 +106,24 @@ def load_state_dict(
 
 
 def load_model(
-    source: ModelSource, dtype: torch.dtype = torch.float32, show_progress: bool = True
+    source: ModelSource,
+    dtype: torch.dtype = torch.float32,
+    show_progress: bool = True,
+    use_cache: bool = True,
 ) -> LlamaModel:
-    """Config + weights -> a ready :class:`LlamaModel` in eval mode."""
+    """Config + weights -> a ready :class:`LlamaModel` in eval mode.
+
+    A GGUF file is parsed and dequantized once; later loads read :mod:`weight_cache`.
+    """
+    entry = weight_cache.entry_for(source.path, dtype) if source.kind == "gguf" else None
+    cached = weight_cache.read(entry) if entry is not None and use_cache else None
+    if cached is not None:
+        return LlamaModel.from_state_dict(*cached)
     config = load_model_config(source)
-    return LlamaModel.from_state_dict(config, load_state_dict(source, config, dtype, show_progress))
+    state = load_state_dict(source, config, dtype, show_progress)
+    if entry is not None and use_cache:
+        weight_cache.write(entry, config, state)
+    return LlamaModel.from_state_dict(config, state)
 
 
 def _layer_weights(get: TensorGetter, config: ModelConfig, i: int) -> dict[str, torch.Tensor]:
