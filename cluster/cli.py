@@ -6,12 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from cluster import cli_generate
+from cluster import cli_generate, cli_status, cli_up
 
 DESCRIPTION = """\
 pdserve: a disaggregated prefill/decode LLM serving cluster.
 
   pdserve generate   run the engine offline on a few prompts (greedy with --temperature 0)
+  pdserve up         start a cluster: Redis, Ray, prefill/decode workers, router
+  pdserve status     pools, workers and KV index of a running cluster
+  pdserve scale      resize a pool of a running cluster
   pdserve bench      benchmarks (--offline: engine throughput vs Hugging Face transformers)
 
 Run `pdserve COMMAND --help` for the options of a command.
@@ -26,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     cli_generate.add_parser(sub)
+    cli_up.add_parser(sub)
+    cli_status.add_parser(sub)
     return parser
 
 

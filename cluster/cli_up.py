@@ -1,0 +1,155 @@
+"""`pdserve up` (start a cluster) and `pdserve scale` (resize a pool of a running one)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from cluster.settings import Settings
+
+DEFAULT_STATE_FILE = Path.home() / ".pdserve" / "up.json"
+
+
+def add_parser(sub: Any) -> None:
+    settings = Settings.from_env()
+    p = sub.add_parser(
+        "up",
+        help="start Redis, Ray, the worker pools and the router",
+        description="Start (or join) Ray, start the embedded redis-server unless --redis-url, "
+        "launch the prefill/decode (or colocated) workers as Ray actors, and serve OpenAI HTTP "
+        "and gRPC until Ctrl-C / SIGTERM. Defaults come from PDSERVE_* variables "
+        "(cluster/settings.py).",
+    )
+    add = p.add_argument
+    add("--model", default="smollm2-135m-instruct", help="model name or path")
+    add("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add("--kv-backend", default="nixl", choices=["nixl", "tcp"], help="KV transfer backend")
+    add("--prefill", type=int, default=None, help="prefill workers (default 1; 0 with --colocated)")
+    add("--decode", type=int, default=None, help="decode workers (default 1; 0 with --colocated)")
+    add("--colocated", type=int, default=0, help="workers that run both phases (default 0)")
+    add("--ray-address", default=settings.ray_address, help="join this Ray cluster")
+    add("--redis-url", default=settings.redis_url, help="external Redis (default: embedded)")
+    add("--host", default="127.0.0.1", help="router bind address")
+    add("--http-port", type=int, default=8000)
+    add("--grpc-port", type=int, default=50051)
+    add("--dashboard", action=argparse.BooleanOptionalAction, default=None,
+        help="Ray dashboard of a local cluster (default: Ray's choice)")  # fmt: skip
+    add("--worker-host", default=None,
+        help="address workers bind and advertise (default 127.0.0.1; the node IP with "
+        "--ray-address)")  # fmt: skip
+    add("--num-blocks", type=int, default=None, help="KV pool blocks per worker")
+    add("--block-size", type=int, default=16)
+    add("--worker-arg", action="append", default=[], metavar="ARG",
+        help="extra flag for every worker (see python -m cluster.worker_server -h)")  # fmt: skip
+    add("--policy", default=None, help="default routing policy of the router")
+    add("--max-restarts", type=int, default=settings.max_restarts)
+    add("--state-file", type=Path, default=DEFAULT_STATE_FILE,
+        help="where the endpoints go once serving (default: %(default)s)")  # fmt: skip
+    add("--log-level", default=settings.log_level)
+    add("--worker-log-level", default="WARNING")
+    p.set_defaults(run=run_up_command)
+    _add_scale_parser(sub)
+
+
+def run_up_command(args: argparse.Namespace) -> int:
+    from cluster.up import run_up
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return run_up(build_up_config(args, Settings.from_env()))
+
+
+def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
+    """Flags + settings -> UpConfig (ValueError on a bad combination)."""
+    from cluster.pool_manager import PoolTargets
+    from cluster.ray_pools import ActorResources
+    from cluster.up import UpConfig
+    from cluster.worker_agent import AgentConfig
+    from cluster.worker_host import WorkerLaunch
+    from router.config import RouterConfig
+
+    colocated_only = args.colocated > 0 and args.prefill is None and args.decode is None
+    default_pool = 0 if colocated_only else 1
+    targets = PoolTargets(
+        prefill=default_pool if args.prefill is None else args.prefill,
+        decode=default_pool if args.decode is None else args.decode,
+        colocated=args.colocated,
+    )
+    agent = AgentConfig(
+        key_prefix=settings.key_prefix,
+        lease_s=settings.lease_s,
+        heartbeat_s=settings.heartbeat_s,
+        publish_interval_s=settings.publish_interval_s,
+    )
+    worker_args = ["--block-size", str(args.block_size), *args.worker_arg]
+    if args.num_blocks is not None:
+        worker_args += ["--num-blocks", str(args.num_blocks)]
+    worker_host = args.worker_host or ("auto" if args.ray_address else "127.0.0.1")
+    worker = WorkerLaunch(
+        role="prefill",
+        worker_id="template-0",
+        redis_url="",
+        agent=agent,
+        host=worker_host,
+        model=args.model,
+        dtype=args.dtype,
+        kv_backend=args.kv_backend,
+        extra_args=tuple(worker_args),
+        torch_threads=settings.torch_threads,
+        log_level=args.worker_log_level.upper(),
+    )
+    router_kwargs: dict[str, Any] = {}
+    if args.policy:
+        router_kwargs["default_policy"] = args.policy
+    router = RouterConfig(
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        block_size=args.block_size,
+        **router_kwargs,
+    )
+    return UpConfig(
+        targets=targets,
+        worker=worker,
+        resources=ActorResources(settings.worker_num_cpus, 0.0, args.max_restarts),
+        num_gpus_per_worker=settings.worker_num_gpus,
+        router=router,
+        ray_address=args.ray_address,
+        redis_url=args.redis_url,
+        include_dashboard=args.dashboard,
+        state_file=args.state_file,
+        ready_timeout_s=settings.ready_timeout_s,
+        drain_timeout_s=settings.drain_timeout_s,
+    )
+
+
+def _add_scale_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "scale",
+        help="resize a pool of a running cluster",
+        description="Set the target size of one pool; `pdserve up` starts new workers (they "
+        "register once warm) or drains surplus ones (deregister, finish running requests, stop).",
+    )
+    p.add_argument("role", choices=["prefill", "decode", "colocated"])
+    p.add_argument("count", type=int)
+    p.add_argument("--redis-url", default=None, help="default: from the state file")
+    p.add_argument("--state-file", type=Path, default=DEFAULT_STATE_FILE)
+    p.set_defaults(run=run_scale_command)
+
+
+def run_scale_command(args: argparse.Namespace) -> int:
+    from cluster.cli_status import connect_from_args
+    from cluster.pool_control import PoolTargetStore
+
+    client, keys, _url = connect_from_args(args)
+    store = PoolTargetStore(client, keys)
+    current = store.stored()
+    if current is None:
+        raise ValueError("Redis holds no pool sizes: is `pdserve up` running against it?")
+    targets = store.set(args.role, args.count, current)
+    print(f"target sizes: prefill {targets.prefill}, decode {targets.decode}, "
+          f"colocated {targets.colocated}")  # fmt: skip
+    return 0

@@ -1,0 +1,271 @@
+"""`pdserve up`: Redis, Ray, the worker pools and the router, started and stopped together.
+
+::
+
+    redis-server (embedded, supervised)  or  --redis-url
+    Ray: local cluster (ray.init)        or  --ray-address
+    pools: prefill / decode / colocated Ray actors -> load, warm up, register in Redis
+    router (this process): gRPC + OpenAI HTTP (+ /metrics, /dashboard), workers from the
+           Redis registry, prefix lookups in the Redis locality index, goodput to Redis
+    supervise every second: Ray restarted workers, replace lost ones, follow target sizes
+           (`pdserve scale`), restart the embedded redis-server if it died
+    SIGINT / SIGTERM: router stops taking requests -> workers stop -> Ray -> Redis
+
+Once serving, the endpoints are printed and written as JSON to the state file, which
+`pdserve status` and `pdserve scale` read to find Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+import redis
+
+from cluster.pool_control import PoolTargetStore
+from cluster.pool_manager import PoolTargets
+from cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
+from cluster.ray_pools import ActorResources, RayWorkerPool
+from cluster.redis_keys import RedisKeys
+from cluster.redis_server import redacted_url
+from cluster.registry import WorkerRegistry
+from cluster.router_wiring import (
+    RedisLocality,
+    RedisWorkerDirectory,
+    RouterTokenizer,
+    load_router_tokenizer,
+)
+from cluster.supervise import SupervisedRedis, embedded_redis, supervise
+from cluster.worker_host import WorkerLaunch
+from router.config import RouterConfig
+from router.locality import engine_prompt_hasher
+from router.service import RouterService, start_router
+
+log = logging.getLogger("pdserve.up")
+ROLES = ("prefill", "decode", "colocated")
+
+
+@dataclass(slots=True, frozen=True)
+class UpConfig:
+    """Everything `pdserve up` was asked for (built by cluster/cli_up.py)."""
+
+    targets: PoolTargets
+    worker: WorkerLaunch  # template: role, worker id and Redis URL are filled in per worker
+    resources: ActorResources
+    num_gpus_per_worker: float
+    router: RouterConfig
+    ray_address: str | None = None
+    redis_url: str | None = None
+    include_dashboard: bool | None = None
+    state_file: Path | None = None
+    ready_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0
+    supervise_s: float = 1.0
+
+
+@dataclass(slots=True, frozen=True)
+class Endpoints:
+    http: str
+    grpc: str
+    metrics: str
+    dashboard: str
+    ray_dashboard: str | None
+    redis_url: str
+    ray_address: str
+    key_prefix: str
+    workers: dict[str, int]
+    pid: int
+
+    def describe(self) -> str:
+        pools = " + ".join(f"{n} {role}" for role, n in self.workers.items() if n)
+        lines = [
+            f"pdserve is up: {pools} worker(s)",
+            f"  OpenAI HTTP    {self.http}/v1",
+            f"  gRPC           {self.grpc}",
+            f"  metrics        {self.metrics}",
+            f"  dashboard      {self.dashboard}",
+            f"  Ray dashboard  {self.ray_dashboard or '(off)'}",
+            f"  Redis          {redacted_url(self.redis_url)}",
+            "Ctrl-C to stop.",
+        ]
+        return "\n".join(lines)
+
+
+def run_up(config: UpConfig) -> int:
+    """Start everything, serve until SIGINT/SIGTERM, stop everything. Returns 0."""
+    _interrupt_on_sigterm()
+    try:
+        with contextlib.ExitStack() as stack:
+            embedded = None if config.redis_url else stack.enter_context(embedded_redis())
+            redis_url = config.redis_url or (embedded.url if embedded else "")
+            ray_endpoints = _start_ray(config)
+            stack.callback(_stop_ray, ray_endpoints)
+            _interrupt_on_sigterm()  # ray.init installed its own SIGTERM handler
+            pools = _start_pools(config, redis_url)
+            stack.callback(_stop_pools, pools)
+            # The router's tokenizer loads while the workers load their models.
+            loader = stack.enter_context(ThreadPoolExecutor(1, "tokenizer"))
+            tokenizer = loader.submit(load_router_tokenizer, config.worker.model)
+            for pool in pools.values():
+                pool.wait_ready(config.ready_timeout_s)
+            served = _serve(config, pools, redis_url, embedded, ray_endpoints, tokenizer)
+            asyncio.run(served)
+    except KeyboardInterrupt:
+        log.warning("interrupted during start-up; everything stopped")
+    return 0
+
+
+def _interrupt_on_sigterm() -> None:
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def _start_ray(config: UpConfig) -> RayEndpoints:
+    workers = sum(config.targets.of(role) for role in ROLES)
+    cpus = max(float(os.cpu_count() or 1), workers * config.resources.num_cpus)
+    return start_or_join_ray(config.ray_address, cpus, config.include_dashboard)
+
+
+def _stop_ray(endpoints: RayEndpoints) -> None:
+    ray.shutdown()  # a local cluster we started stops with it
+    log.info("Ray %s", "stopped" if endpoints.started_here else "disconnected")
+
+
+def _start_pools(config: UpConfig, redis_url: str) -> dict[str, RayWorkerPool]:
+    resources = config.resources
+    if gpus_available() and config.num_gpus_per_worker > 0:
+        resources = replace(resources, num_gpus=config.num_gpus_per_worker)
+    template = replace(config.worker, redis_url=redis_url)
+    pools = {role: RayWorkerPool(role, template, resources) for role in ROLES}
+    for role, pool in pools.items():
+        pool.scale_to(config.targets.of(role))
+    return pools
+
+
+def _stop_pools(pools: dict[str, RayWorkerPool]) -> None:
+    for pool in pools.values():
+        pool.shutdown()
+    log.info("workers stopped")
+
+
+async def _serve(
+    config: UpConfig,
+    pools: dict[str, RayWorkerPool],
+    redis_url: str,
+    embedded: SupervisedRedis | None,
+    ray_endpoints: RayEndpoints,
+    tokenizer: Future[RouterTokenizer],
+) -> None:
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    prefix = config.worker.agent.key_prefix
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    keys = RedisKeys(prefix)
+    store = PoolTargetStore(client, keys)
+    store.write(config.targets)
+    directory, locality = _router_sources(client, keys, config.worker.agent.lease_s)
+    service = await _start_router(config, directory, locality, redis_url, tokenizer)
+    try:
+        await _wait_registered(directory, config.targets, config.ready_timeout_s)
+        endpoints = _endpoints(config, service, redis_url, ray_endpoints)
+        _announce(endpoints, config.state_file)
+        await supervise(
+            stop,
+            config.supervise_s,
+            config.drain_timeout_s,
+            config.targets,
+            pools,
+            store,
+            embedded,
+            directory,
+        )
+    finally:
+        await service.stop(grace_s=5.0)
+        directory.stop()
+        client.close()
+        if config.state_file is not None:
+            config.state_file.unlink(missing_ok=True)
+
+
+def _router_sources(
+    client: redis.Redis, keys: RedisKeys, lease_s: float
+) -> tuple[RedisWorkerDirectory, RedisLocality]:
+    from cluster.locality_index import LocalityIndex
+
+    index = LocalityIndex(client, keys)
+    directory = RedisWorkerDirectory(WorkerRegistry(client, keys, lease_s), index).start()
+    return directory, RedisLocality(index)
+
+
+async def _start_router(
+    config: UpConfig,
+    directory: RedisWorkerDirectory,
+    locality: RedisLocality,
+    redis_url: str,
+    tokenizer_future: Future[RouterTokenizer],
+) -> RouterService:
+    tokenizer = await asyncio.wrap_future(tokenizer_future)
+    hasher = engine_prompt_hasher(tokenizer.model_id, config.router.block_size)
+    # The router publishes its goodput figures next to the registry (same Redis, prefix).
+    slo = replace(
+        config.router.slo, redis_url=redis_url, redis_prefix=config.worker.agent.key_prefix
+    )
+    router_config = replace(config.router, slo=slo)
+    return await start_router(router_config, tokenizer, directory, locality, hasher)
+
+
+async def _wait_registered(
+    directory: RedisWorkerDirectory, targets: PoolTargets, timeout_s: float
+) -> None:
+    """The pools are ready; wait until the router's directory lists all of them too."""
+    wanted = sum(targets.of(role) for role in ROLES)
+    for _ in range(max(1, math.ceil(timeout_s / 0.1))):
+        if len(directory.live_workers()) >= wanted:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"only {len(directory.live_workers())} of {wanted} workers registered")
+
+
+def _endpoints(
+    config: UpConfig,
+    service: RouterService,
+    redis_url: str,
+    ray_endpoints: RayEndpoints,
+) -> Endpoints:
+    http = f"http://{config.router.host}:{service.http_port}"
+    return Endpoints(
+        http=http,
+        grpc=f"{config.router.host}:{service.grpc_port}",
+        metrics=f"{http}/metrics",
+        dashboard=f"{http}/dashboard",
+        ray_dashboard=ray_endpoints.dashboard_url,
+        redis_url=redis_url,
+        ray_address=ray_endpoints.address,
+        key_prefix=config.worker.agent.key_prefix,
+        workers={role: config.targets.of(role) for role in ROLES},
+        pid=os.getpid(),
+    )
+
+
+def _announce(endpoints: Endpoints, state_file: Path | None) -> None:
+    print(endpoints.describe(), flush=True)
+    if state_file is None:
+        return
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = state_file.with_suffix(state_file.suffix + ".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(endpoints), indent=2))
+    tmp.replace(state_file)  # readers never see half a file
