@@ -1,6 +1,7 @@
 """Regenerate the Python stubs in pdserve_proto/ from proto/pdserve/v1/*.proto.
 
-Run `.venv/bin/python proto/generate.py`; a test checks the committed stubs are current.
+Run `.venv/bin/python proto/generate.py [OUT_DIR]`; a test checks the committed stubs are
+current.
 """
 
 from __future__ import annotations
@@ -46,6 +47,6 @@ def _flatten(out_dir: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for p in generate():
-        print(p.relative_to(ROOT))
-    sys.exit(0)
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
+    for p in generate(out):
+        print(p)

@@ -149,7 +149,9 @@ def test_outcomes_of_refused_failed_and_cancelled_requests(cluster: StubCluster)
     }
     assert outcomes == {"ok": 0, "error": 1, "cancelled": 1, "rejected": 1}
     assert rise(before, after, "pdserve_prompt_tokens_total") == 4  # only "abc" got a token
-    assert rise(before, after, "pdserve_generation_tokens_total") == 1
+    # The first token always counts; the decode stub's own first chunk may or may not reach
+    # the router before the client's disconnect cancels the stream (a race by design).
+    assert rise(before, after, "pdserve_generation_tokens_total") in (1, 2)
     # The refusal and the failure missed their SLO; the cancellation is not counted.
     assert after[("pdserve_slo_attainment", (("window", "60s"),))] < 1.0
 
