@@ -187,6 +187,11 @@ class WorkerAgent:
                 # still run after we gave up on it, so only a snapshot is certain to be right.
                 log.info("worker %s: engine callback failed: %r", self.worker_id, err)
                 self._snapshot_owed = True
+            except Exception:
+                # The agent must outlive any one bad tick (a worker that stops heartbeating
+                # vanishes from routing); say what broke and owe the index a snapshot.
+                log.exception("worker %s: agent tick failed; retrying", self.worker_id)
+                self._snapshot_owed = True
             if self.superseded.is_set():
                 return
 

@@ -191,8 +191,8 @@ def test_redis_killed_then_restarted_degrades_to_load_routing_and_recovers(
 
     # `pdserve up` restarts Redis (empty); heartbeats get LEASE_LOST, the workers register
     # again and publish snapshots, so the index knows the holder's blocks again.
-    wait_until(lambda: len(rds.epochs()) == 4, 60, "all four workers to re-register")
-    wait_until(lambda: rds.holds(holder, hashes), 60, "the index to be rebuilt")
+    wait_until(lambda: len(rds.epochs()) == 4, 180, "all four workers to re-register")
+    wait_until(lambda: rds.holds(holder, hashes), 180, "the index to be rebuilt")
     after = grpc_generate(up.grpc_address, ids, MAX_TOKENS)
     assert after.token_ids == expected
     assert after.prefill_worker == holder  # prefix-aware (joint) routing is back
