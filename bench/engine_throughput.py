@@ -54,15 +54,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
     workload = _load_workload(args.num_requests, args.max_output, args.seed)
     print(_describe_workload(workload, args.seed))
-    results: dict[str, RunResult | str] = {}
+    floor = compute_floor(workload, args.dtype, args.token_budget, args.max_seqs)
+    results = _reused_results(args)
     for name in args.only:
         results[name] = _run_isolated(_system(name, args), workload, args.dtype, name)
-        print(_format_row(name, results[name], results))
-    floor = compute_floor(workload, args.dtype, args.token_budget, args.max_seqs)
+        print(_format_row(name, results[name], results), flush=True)
+        if args.json:  # after every system: a long run that dies keeps what it measured
+            _write_json(args.json, results, floor, args)
     print()
     print(format_table(results, floor, args.dtype))
-    if args.json:
-        _write_json(args.json, results, floor, args)
+
+
+def _reused_results(args: argparse.Namespace) -> dict[str, RunResult | str]:
+    """Results of systems not run now, from an earlier ``--json`` file of the same workload."""
+    if not args.reuse_json:
+        return {}
+    with open(args.reuse_json, encoding="utf-8") as f:
+        payload = json.load(f)
+    same = {k: payload.get(k) for k in ("dtype", "num_requests", "max_output", "seed")}
+    wanted = {k: getattr(args, k) for k in same}
+    if same != wanted:
+        raise ValueError(f"{args.reuse_json} measured {same}, but this run is {wanted}")
+    return {
+        name: RunResult(**value)
+        for name, value in payload["results"].items()
+        if name not in args.only and isinstance(value, dict)
+    }
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -78,6 +95,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--max-seqs", type=int, default=64, help="running sequences (floor)")
     parser.add_argument("--json", default=None, help="also write results to this file")
+    parser.add_argument(
+        "--reuse-json", default=None, help="show results of systems not in --only from this file"
+    )
     return parser.parse_args(argv)
 
 
@@ -192,6 +212,7 @@ def _write_json(
         "dtype": args.dtype,
         "num_requests": args.num_requests,
         "max_output": args.max_output,
+        "seed": args.seed,
         "results": {k: v if isinstance(v, str) else asdict(v) for k, v in results.items()},
         "floor": {**asdict(floor), "output_tokens_per_s": floor.output_tokens_per_s},
     }
