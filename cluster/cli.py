@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+
+# gRPC's fork handlers can abort a child forked for exec (the embedded redis-server) while
+# other threads use gRPC; the child execs at once and needs none of them.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from cluster import cli_generate, cli_status, cli_up
 

@@ -6,6 +6,12 @@ per session, and only by the tests that ask for it. Heavy imports stay inside th
 
 from __future__ import annotations
 
+import os
+
+# gRPC's fork handlers can abort a child forked for exec (redis-server, workers) while other
+# threads use gRPC; the children exec at once and need none of them. Set before grpc loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 from pathlib import Path
 from typing import Any
 
