@@ -11,7 +11,7 @@ from collections.abc import Sequence
 # other threads use gRPC; the child execs at once and needs none of them.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from cluster import cli_generate, cli_status, cli_up
+from cluster import cli_bench, cli_generate, cli_status, cli_up
 
 DESCRIPTION = """\
 pdserve: a disaggregated prefill/decode LLM serving cluster.
@@ -20,7 +20,7 @@ pdserve: a disaggregated prefill/decode LLM serving cluster.
   pdserve up         start a cluster: Redis, Ray, prefill/decode workers, router
   pdserve status     pools, workers and KV index of a running cluster
   pdserve scale      resize a pool of a running cluster
-  pdserve bench      benchmarks (--offline: engine throughput vs Hugging Face transformers)
+  pdserve bench      benchmarks: serving load on the router; --offline: engine vs transformers
 
 Run `pdserve COMMAND --help` for the options of a command.
 """
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     cli_generate.add_parser(sub)
+    cli_bench.add_parser(sub)
     cli_up.add_parser(sub)
     cli_status.add_parser(sub)
     return parser
