@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from pdserve_proto import inference_pb2
 from router.config import RouterConfig
 from router.convert import chunk_to_proto, params_from_proto
-from router.errors import classify, grpc_trailing_metadata
+from router.errors import InvalidRequestError, classify, grpc_trailing_metadata
 from router.frontend import Frontend, as_sent_to_workers
 from router.grpc_auth import ApiKeyInterceptor
 from router.request import ChunkEvent, GenerateInput, Summary
@@ -27,6 +27,9 @@ from router.request import ChunkEvent, GenerateInput, Summary
 log = logging.getLogger(__name__)
 
 SERVICE = "pdserve.v1.Inference"
+# A client deadline above this is refused: gRPC timeouts past ~1e9 s overflow (worker calls
+# then fail at once), and no generation request needs more than a day.
+MAX_DEADLINE_S = 24 * 3600.0
 M = TypeVar("M", bound=Message)
 
 
@@ -68,7 +71,7 @@ class InferenceService:
         params = as_sent_to_workers(params_from_proto(request.params, default_max_tokens))
         frontend.max_tokens_for(params.max_tokens, len(prompt))
         return frontend.build(
-            model, prompt, params, request.routing_policy, deadline_s=request.deadline_s
+            model, prompt, params, request.routing_policy, deadline_s=_deadline_s(request)
         )
 
     def _prompt_ids(self, request: inference_pb2.GenerateTextRequest) -> list[int]:
@@ -141,6 +144,16 @@ def _parse(cls: type[M], raw: bytes) -> M:
         raise ValueError(
             f"request: not a valid {cls.DESCRIPTOR.full_name} protobuf ({len(raw)} bytes): {err}"
         ) from err
+
+
+def _deadline_s(request: inference_pb2.GenerateTextRequest) -> float:
+    deadline_s = request.deadline_s
+    if not 0.0 <= deadline_s <= MAX_DEADLINE_S:  # also refuses NaN
+        raise InvalidRequestError(
+            f"deadline_s must be in [0, {MAX_DEADLINE_S:g}] seconds (0 = none), got {deadline_s}",
+            param="deadline_s",
+        )
+    return deadline_s
 
 
 def _prompt_field(request: inference_pb2.GenerateTextRequest) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import anyio
@@ -18,7 +19,12 @@ from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from router.config import RouterConfig
-from router.errors import UnauthenticatedError, classify, openai_error_body
+from router.errors import (
+    InvalidRequestError,
+    UnauthenticatedError,
+    classify,
+    openai_error_body,
+)
 from router.frontend import Frontend
 from router.grpc_auth import bearer_key, key_is_valid
 from router.http_collect import ClientDisconnectedError, collect_until_disconnect
@@ -88,7 +94,9 @@ def create_app(frontend: Frontend, config: RouterConfig) -> FastAPI:
         max_tokens = body.max_completion_tokens or body.max_tokens
         if body.max_tokens is not None:  # checked even when max_completion_tokens wins
             frontend.check_max_tokens_limit(body.max_tokens)
-        inp = _input(frontend, body, prompt, top, max_tokens, x_policy, param="messages")
+        sent_as = "max_completion_tokens" if body.max_completion_tokens is not None else None
+        with _field_renamed("max_tokens", sent_as):
+            inp = _input(frontend, body, prompt, top, max_tokens, x_policy, param="messages")
         formatter = ChatFormatter(
             f"chatcmpl-{inp.request_id}",
             inp.model,
@@ -155,11 +163,35 @@ def _input(
     param: str = "prompt",
 ) -> GenerateInput:
     arrival_s = time.monotonic()
-    model = frontend.resolve_model(body.model)
+    model = _served_model(frontend, body.model)
     prompt_ids = frontend.check_prompt(prompt, param=param)
     params = frontend.sampling_params(_sampling_fields(body, logprobs), max_tokens, len(prompt_ids))
     policy = body.routing_policy or header_policy or ""
     return frontend.build(model, prompt_ids, params, policy, arrival_s=arrival_s)
+
+
+@contextmanager
+def _field_renamed(checked_as: str, sent_as: str | None) -> Iterator[None]:
+    """An error about field ``checked_as`` names ``sent_as``, the field the client sent."""
+    try:
+        yield
+    except InvalidRequestError as err:
+        if sent_as is None or err.param != checked_as:
+            raise
+        message = str(err).replace(checked_as, sent_as, 1)
+        raise InvalidRequestError(message, param=sent_as, code=err.code) from err
+
+
+def _served_model(frontend: Frontend, model: str) -> str:
+    # gRPC reads "" as proto3's "unset" and serves the default model; the OpenAI API (and
+    # our published schema: an enum of the served ids) requires a model id.
+    if not model:
+        raise InvalidRequestError(
+            f"model '' is not served here; name one of {list(frontend.model_ids)}",
+            param="model",
+            code="model_not_found",
+        )
+    return frontend.resolve_model(model)
 
 
 def _sampling_fields(body: SamplingFields, logprobs: int | None) -> dict[str, Any]:
