@@ -11,7 +11,6 @@ from typing import Any
 
 import redis
 
-from cluster.pool_control import pool_target_key
 from cluster.redis_keys import BLOCK_BITS_NS, RedisKeys
 from cluster.redis_server import connect, redacted_url
 from cluster.registry import WorkerInfo, WorkerRegistry
@@ -81,7 +80,7 @@ def connect_from_args(args: argparse.Namespace) -> tuple[redis.Redis, RedisKeys,
 
 def collect_status(client: redis.Redis, keys: RedisKeys, url: str = "") -> ClusterStatus:
     workers = WorkerRegistry(client, keys).list_workers()
-    raw_targets = client.hgetall(pool_target_key(keys))
+    raw_targets = client.hgetall(keys.pool_target)
     targets = {_text(k): int(v) for k, v in raw_targets.items()}
     live = {role: sum(w.role.value == role for w in workers) for role in ROLES}
     rows = tuple(_row(client, keys, w) for w in workers)

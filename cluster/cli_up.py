@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from cluster.cpu_affinity import parse_cpu_affinity
 from cluster.settings import Settings
 
 DEFAULT_STATE_FILE = Path.home() / ".pdserve" / "up.json"
@@ -44,6 +45,10 @@ def add_parser(sub: Any) -> None:
     add("--worker-arg", action="append", default=[], metavar="ARG",
         help="extra flag for every worker (see python -m cluster.worker_server -h)")  # fmt: skip
     add("--policy", default=None, help="default routing policy of the router")
+    add("--cpu-affinity", default=None, metavar="ROLE=CORES;...",
+        help="pin workers to CPU cores, e.g. "
+        "'prefill=0;decode=1' or 'colocated=0,1' (slot i -> i-th core; default: "
+        "PDSERVE_CPU_AFFINITY, else not pinned)")  # fmt: skip
     add("--max-restarts", type=int, default=settings.max_restarts)
     add("--state-file", type=Path, default=DEFAULT_STATE_FILE,
         help="where the endpoints go once serving (default: %(default)s)")  # fmt: skip
@@ -100,6 +105,11 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         extra_args=tuple(worker_args),
         torch_threads=settings.torch_threads,
         log_level=args.worker_log_level.upper(),
+        cpu_affinity=(
+            settings.cpu_affinity
+            if args.cpu_affinity is None
+            else parse_cpu_affinity(args.cpu_affinity)
+        ),
     )
     router_kwargs: dict[str, Any] = {}
     if args.policy:

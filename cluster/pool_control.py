@@ -1,8 +1,7 @@
 """Target pool sizes in Redis: `pdserve up` writes them at start and follows them;
 `pdserve scale` (or an autoscaler) changes them.
 
-Key: ``<prefix>pool_target`` HASH role -> worker count (no TTL). Not yet listed in
-cluster/redis_keys.py, whose owner should adopt it there.
+Key: ``RedisKeys.pool_target``, a HASH role -> worker count (no TTL).
 """
 
 from __future__ import annotations
@@ -16,18 +15,13 @@ from cluster.redis_keys import RedisKeys
 
 log = logging.getLogger("pdserve.pool_control")
 
-POOL_TARGET = "pool_target"
 _ROLES = ("prefill", "decode", "colocated")
-
-
-def pool_target_key(keys: RedisKeys) -> str:
-    return keys.prefix + POOL_TARGET
 
 
 class PoolTargetStore:
     def __init__(self, client: redis.Redis, keys: RedisKeys) -> None:
         self._client = client
-        self._key = pool_target_key(keys)
+        self._key = keys.pool_target
 
     def write(self, targets: PoolTargets) -> None:
         self._client.hset(self._key, mapping={role: targets.of(role) for role in _ROLES})

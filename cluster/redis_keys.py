@@ -22,6 +22,9 @@ WORKER_BLOCKS_NS = "idx:wblk:"
 INDEX_STATE_NS = "idx:state:"
 INDEX_WORKERS_SET = "idx:workers"
 INDEX_SLOTS = "idx:slots"
+POOL_TARGET = "pool_target"
+SLO_ROUTER_NS = "slo:router:"
+SLO_ROUTERS_SET = "slo:routers"
 
 # Substituted into Lua script templates ($worker_ns ...), so scripts and Python agree.
 LUA_NAMESPACES: dict[str, str] = {
@@ -129,3 +132,19 @@ class RedisKeys:
     def index_workers(self) -> str:
         """SET: ids that have entries (or state) in the locality index."""
         return self.prefix + INDEX_WORKERS_SET
+
+    @property
+    def pool_target(self) -> str:
+        """HASH: role (prefill, decode, colocated) -> target worker count; no TTL. Written by
+        ``pdserve up`` at start and by ``pdserve scale`` / an autoscaler; ``up`` follows it."""
+        return self.prefix + POOL_TARGET
+
+    def slo_router(self, router_id: str) -> str:
+        """HASH: one router's latest SLO/goodput figures; expires 3 publish intervals after
+        its last write (see router/goodput_store.py for the fields)."""
+        return self.prefix + SLO_ROUTER_NS + router_id
+
+    @property
+    def slo_routers(self) -> str:
+        """SET: ids of routers that published figures; readers drop ids whose hash expired."""
+        return self.prefix + SLO_ROUTERS_SET

@@ -18,6 +18,7 @@ dataclasses. Ray actors and worker processes get those dataclasses, never the en
 | ``PDSERVE_READY_TIMEOUT_S`` | float | 600 | wait for workers to load and warm up |
 | ``PDSERVE_DRAIN_TIMEOUT_S`` | float | 30 | wait for running requests on scale-down |
 | ``PDSERVE_TORCH_THREADS`` | int | 1 | torch threads per worker (0: torch's default) |
+| ``PDSERVE_CPU_AFFINITY`` | str | (none) | pin workers: ``prefill=0;decode=1;colocated=0,1`` |
 | ``PDSERVE_LOG_LEVEL`` | str | ``INFO`` | log level of pdserve's processes |
 
 Ray reads its own variables (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``...); see cluster/ray_pools.py.
@@ -29,6 +30,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
+
+from cluster.cpu_affinity import CpuAffinity, parse_cpu_affinity
 
 T = TypeVar("T")
 PREFIX = "PDSERVE_"
@@ -49,6 +52,7 @@ class Settings:
     drain_timeout_s: float = 30.0
     torch_threads: int = 1
     log_level: str = "INFO"
+    cpu_affinity: CpuAffinity = ()  # per pool; worker slot i -> cores[i % len]
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_s < self.lease_s:
@@ -92,6 +96,7 @@ class Settings:
             drain_timeout_s=_get(env, "DRAIN_TIMEOUT_S", float, d.drain_timeout_s),
             torch_threads=_get(env, "TORCH_THREADS", int, d.torch_threads),
             log_level=_get(env, "LOG_LEVEL", str, d.log_level).upper(),
+            cpu_affinity=_get(env, "CPU_AFFINITY", parse_cpu_affinity, d.cpu_affinity),
         )
 
 

@@ -28,8 +28,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cluster import worker_server as ws
 from cluster.agent_engine import engine_callbacks, load_from_stats
+from cluster.cpu_affinity import CpuAffinity, core_for_worker, pin_process
 from cluster.registry import WorkerRole
 from cluster.worker_agent import AgentConfig, WorkerAdvert, WorkerAgent, start_worker_agent
+from cluster.worker_metrics import MetricsServer
 from engine.model.registry import resolve_model
 from engine.sampling_params import SamplingParams
 from pdserve_proto import worker_pb2_grpc
@@ -53,6 +55,7 @@ class WorkerLaunch:
     torch_threads: int = 1  # 0: torch's default
     grace_s: float = 5.0
     log_level: str = "INFO"
+    cpu_affinity: CpuAffinity = ()  # per pool (cluster/cpu_affinity.py); () = not pinned
 
     def server_args(self, port: int = 0) -> list[str]:
         return [
@@ -72,6 +75,7 @@ class HostedWorker:
     address: str
     epoch: int
     pid: int
+    metrics_url: str = ""  # the worker's Prometheus /metrics ("" when disabled)
 
 
 class WorkerHost:
@@ -83,11 +87,15 @@ class WorkerHost:
         self._hosted: HostedWorker | None = None
         self._agent: WorkerAgent | None = None
         self._roles: ws.WorkerRoles | None = None
+        self._metrics: MetricsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, name="worker-host", daemon=True)
 
     def start(self) -> WorkerHost:
+        core = core_for_worker(self.launch.cpu_affinity, self.launch.role, self.launch.worker_id)
+        if core is not None:  # before the server thread starts: it inherits the pinning
+            pin_process(core)
         if self.launch.torch_threads:
             import torch
 
@@ -157,6 +165,7 @@ class WorkerHost:
             )
             await _warm_up(self._roles)
             servicer.roles = self._roles
+            self._metrics = ws.start_worker_metrics(server_cfg, self._roles)
             await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
             await self._register(f"{server_cfg.host}:{port}", engine_cfg.cache.block_size)
             await self._stop.wait()
@@ -179,8 +188,14 @@ class WorkerHost:
         self._agent = await asyncio.to_thread(
             start_worker_agent, self.launch.redis_url, advert, *callbacks, self.launch.agent
         )
+        metrics_url = self._metrics.url if self._metrics is not None else ""
         self._hosted = HostedWorker(
-            advert.worker_id, advert.role.value, address, self._agent.epoch, os.getpid()
+            advert.worker_id,
+            advert.role.value,
+            address,
+            self._agent.epoch,
+            os.getpid(),
+            metrics_url,
         )
         self._ready.set()
         log.info("worker %s serving at %s, epoch %d", advert.worker_id, address, self._agent.epoch)
@@ -188,6 +203,8 @@ class WorkerHost:
     async def _shutdown(self, server: grpc.aio.Server, health_servicer: Any) -> None:
         if self._agent is not None:
             await asyncio.to_thread(self._agent.stop, True)
+        if self._metrics is not None:
+            self._metrics.stop()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(self.launch.grace_s)
         if self._roles is not None:

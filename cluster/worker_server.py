@@ -4,7 +4,9 @@
         [--model M] [--kv-backend nixl|tcp] [--ready-file PATH] ...
 
 The server answers at once (health NOT_SERVING) and turns SERVING when the model is loaded
-and warm; ``--ready-file`` then gets ``{"port", "worker_id", "epoch", "pid", ...}``. Every
+and warm; ``--ready-file`` then gets ``{"port", "worker_id", "epoch", "pid", ...}``. From
+then on it also serves Prometheus ``/metrics`` (its GetStats figures) on ``--metrics-port``
+(0: a free port, in the ready file as ``metrics_port``; -1: none). Every
 role serves Generate (colocated serving, and the router's recompute fallback), Cancel and
 GetStats; Prefill needs the prefill role, ReserveKV/Decode the decode role. SIGTERM stops
 gracefully: NOT_SERVING, in-flight calls get ``--grace-s``, held KV is released.
@@ -30,6 +32,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from cluster.worker_metrics import MetricsServer, start_metrics_server, stats_fn_on_loop
 from decode_worker.config import DecodeConfig
 from decode_worker.service import DecodeService
 from engine.async_engine import AsyncEngine
@@ -62,6 +65,7 @@ class WorkerServerConfig:
     ready_file: str | None = None
     grace_s: float = 5.0
     torch_threads: int | None = None
+    metrics_port: int = 0  # Prometheus /metrics: 0 = a free port, -1 = none
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -209,6 +213,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         )
 
 
+def start_worker_metrics(config: WorkerServerConfig, roles: WorkerRoles) -> MetricsServer | None:
+    """Serve the worker's ``/metrics`` from its stats (call on the worker's event loop)."""
+    if config.metrics_port < 0:
+        return None
+    stats_fn = stats_fn_on_loop(lambda: roles.stats(config), asyncio.get_running_loop())
+    metrics = start_metrics_server(config.metrics_port, stats_fn, config.host)
+    log.info("worker %s metrics at %s", config.worker_id, metrics.url)
+    return metrics
+
+
 async def serve(
     config: WorkerServerConfig,
     engine_config: EngineConfig,
@@ -239,6 +253,7 @@ async def serve(
         port,
     )
     roles: WorkerRoles | None = None
+    metrics: MetricsServer | None = None
     try:
         # SIGTERM while loading takes effect once the load is done (it cannot be interrupted)
         roles = await asyncio.to_thread(
@@ -246,14 +261,17 @@ async def serve(
         )
         await _start(roles)
         servicer.roles = roles
+        metrics = start_worker_metrics(config, roles)
         await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
-        _write_ready_file(config, port)
+        _write_ready_file(config, port, metrics)
         log.info(
             "worker %s serving (epoch %d, pid %d)", config.worker_id, config.epoch, os.getpid()
         )
         await stop.wait()
         log.info("worker %s stopping (grace %.1fs)", config.worker_id, config.grace_s)
     finally:
+        if metrics is not None:
+            metrics.stop()
         await health_servicer.enter_graceful_shutdown()
         await server.stop(config.grace_s)
         if roles is not None:
@@ -279,7 +297,7 @@ async def _set_health(servicer: Any, status: Any) -> None:
         await servicer.set(service, status)
 
 
-def _write_ready_file(config: WorkerServerConfig, port: int) -> None:
+def _write_ready_file(config: WorkerServerConfig, port: int, metrics: MetricsServer | None) -> None:
     if config.ready_file is None:
         return
     info = {
@@ -290,6 +308,7 @@ def _write_ready_file(config: WorkerServerConfig, port: int) -> None:
         "pid": os.getpid(),
         "role": config.role,
         "kv_backend": config.kv_backend,
+        "metrics_port": metrics.port if metrics is not None else None,
     }
     path = Path(config.ready_file)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -322,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ready-file", default=None, help="write JSON here once SERVING")
     add("--grace-s", type=float, default=5.0, help="in-flight calls' grace on SIGTERM")
     add("--torch-threads", type=int, default=None)
+    add("--metrics-port", type=int, default=0, help="Prometheus /metrics (0: free port, -1: none)")
     add("--fault-pause-after-blocks", type=int, default=None, help="test hook: sender pause")
     add("--fault-pause-s", type=float, default=0.0, help="test hook: length of that pause")
     add("--log-level", default="INFO")
@@ -343,6 +363,7 @@ def configs_from_args(
         ready_file=args.ready_file,
         grace_s=args.grace_s,
         torch_threads=args.torch_threads,
+        metrics_port=args.metrics_port,
     )
     engine = EngineConfig(
         model=args.model,

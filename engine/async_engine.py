@@ -13,14 +13,15 @@ A caller that stops iterating a stream (closed or cancelled) aborts its request:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import queue
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
+from engine.command_queue import CommandQueue
+from engine.engine_stats import EngineStats, engine_stats
+from engine.output_sink import END, OutputSink
 from engine.outputs import StepOutput
 from engine.sampling_params import SamplingParams
 
@@ -31,44 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_END = object()  # a request's last item on its queue
-_STOP = object()  # command that ends the engine thread
 _STALLED_WAIT_S = 0.05
-_Command = tuple[Callable[[], Any], "concurrent.futures.Future[Any]"]
 
-
-@dataclass(slots=True, frozen=True)
-class EngineStats:
-    """A snapshot taken between two steps."""
-
-    waiting: int
-    running: int
-    held: int  # prefill role: finished, KV kept until released (sent)
-    pending_admissions: int  # decode role: KV landed, waiting for a running slot
-    free_blocks: int  # includes free blocks that still cache a prefix
-    cached_blocks: int
-    total_blocks: int
-    prefix_hit_tokens: int
-    prefix_queried_tokens: int
-    prompt_tokens: int  # prompts of requests accepted here (imported ones included)
-    generated_tokens: int  # tokens this engine sampled
-
-
-@dataclass(slots=True, eq=False)
-class _Sink:
-    """Where one request's outputs go. Written by the engine thread, read by the loop."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[Any]
-    open_indices: set[int]
-    first_only: bool = False  # prefill role: the first output ends the stream
-    opened: bool = False  # the engine accepted the request
-
-    def put(self, item: object) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:
-            log.debug("event loop closed; output %r dropped", item)  # nobody listens any more
+__all__ = ["AsyncEngine", "EngineStats"]
 
 
 @dataclass(slots=True)
@@ -83,13 +49,12 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._commands: queue.SimpleQueue[_Command | object] = queue.SimpleQueue()
-        self._sinks: dict[str, _Sink] = {}
+        self._commands = CommandQueue()
+        self._sinks: dict[str, OutputSink] = {}
         self._pending: dict[str, _PendingAdmit] = {}
         self._prompt_tokens = 0  # counters behind EngineStats
         self._generated_tokens = 0
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._stopped = threading.Event()
 
     def start(self) -> None:
         self._thread.start()
@@ -97,7 +62,7 @@ class AsyncEngine:
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the engine thread; open streams end with RuntimeError."""
         if self._thread.is_alive():
-            self._commands.put(_STOP)
+            self._commands.stop()
             self._thread.join(timeout_s)
 
     # -- requests ----------------------------------------------------------------------
@@ -107,7 +72,7 @@ class AsyncEngine:
         """Stream a whole request (every sequence of ``params.n``) until it finishes."""
         prompt = list(prompt_token_ids)
 
-        def open_request(sink: _Sink) -> None:
+        def open_request(sink: OutputSink) -> None:
             self.engine.add_request(request_id, prompt, params)
             self._register(request_id, sink, len(prompt))
 
@@ -122,7 +87,7 @@ class AsyncEngine:
         """
         prompt = list(prompt_token_ids)
 
-        def open_request(sink: _Sink) -> None:
+        def open_request(sink: OutputSink) -> None:
             self.engine.add_prefill_request(request_id, prompt, params)
             self._register(request_id, sink, len(prompt))
 
@@ -145,7 +110,7 @@ class AsyncEngine:
         :meth:`reserve_import` and a finished transfer) from ``first_token``."""
         prompt = list(prompt_token_ids)
 
-        def open_request(sink: _Sink) -> None:
+        def open_request(sink: OutputSink) -> None:
             if not self.engine.admit_imported(request_id, prompt, params, first_token):
                 self._pending[request_id] = _PendingAdmit(prompt, params, first_token)
             self._register(request_id, sink, len(prompt))
@@ -159,7 +124,7 @@ class AsyncEngine:
     # -- role hooks and inspection (run on the engine thread) --------------------------
     async def run(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run ``fn(engine)`` on the engine thread between steps; its result or exception."""
-        future = self._submit(lambda: fn(self.engine))
+        future = self._commands.submit(lambda: fn(self.engine))
         return await asyncio.wrap_future(future)
 
     async def block_table(self, request_id: str) -> tuple[int, ...]:
@@ -184,18 +149,18 @@ class AsyncEngine:
     async def _stream(
         self,
         request_id: str,
-        open_request: Callable[[_Sink], None],
+        open_request: Callable[[OutputSink], None],
         n: int,
         first_only: bool = False,
     ) -> AsyncGenerator[StepOutput, None]:
         loop = asyncio.get_running_loop()
-        sink = _Sink(loop, asyncio.Queue(), set(range(n)), first_only)
+        sink = OutputSink(loop, asyncio.Queue(), set(range(n)), first_only)
         done = False
         try:
-            await asyncio.wrap_future(self._submit(lambda: open_request(sink)))
+            await asyncio.wrap_future(self._commands.submit(lambda: open_request(sink)))
             while True:
                 item = await sink.queue.get()
-                if item is _END:
+                if item is END:
                     done = True
                     return
                 if isinstance(item, BaseException):
@@ -206,26 +171,19 @@ class AsyncEngine:
                 yield item
         finally:
             if not done:
-                self._submit(lambda: self._drop(request_id, sink))
-
-    def _submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        if self._stopped.is_set():
-            future.set_exception(RuntimeError("the engine thread has stopped"))
-            return future
-        self._commands.put((fn, future))
-        return future
+                self._commands.submit(lambda: self._drop(request_id, sink))
 
     # -- the engine thread -------------------------------------------------------------
     def _run(self) -> None:
         stalled = False
         try:
-            while self._run_commands(self._wait_s(stalled)):
+            while self._commands.run_pending(self._wait_s(stalled)):
                 self._admit_pending()
                 stalled = self.engine.has_unfinished() and not self._step()
         finally:
-            self._stopped.set()
-            self._fail_everything(RuntimeError("the engine thread has stopped"))
+            error = RuntimeError("the engine thread has stopped")
+            self._commands.close(error)
+            self._fail_sinks(error)
 
     def _wait_s(self, stalled: bool) -> float | None:
         """How long to wait for a command: forever when idle, not at all while stepping.
@@ -236,28 +194,6 @@ class AsyncEngine:
         if stalled:
             return _STALLED_WAIT_S
         return 0.0 if self.engine.has_unfinished() or self._pending else None
-
-    def _run_commands(self, wait_s: float | None) -> bool:
-        """Run queued commands, waiting up to ``wait_s`` for the first; False once told to stop."""
-        try:
-            item = (
-                self._commands.get(timeout=wait_s) if wait_s != 0.0 else self._commands.get_nowait()
-            )
-        except queue.Empty:
-            return True
-        while True:
-            if item is _STOP:
-                return False
-            fn, future = cast(_Command, item)
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except Exception as exc:  # the caller gets it (ValueError: bad input)
-                    future.set_exception(exc)
-            try:
-                item = self._commands.get_nowait()
-            except queue.Empty:
-                return True
 
     def _step(self) -> bool:
         """One engine step; False when nothing could run (no output, nothing running)."""
@@ -283,9 +219,9 @@ class AsyncEngine:
             sink.open_indices.discard(out.index)
         if not sink.open_indices or sink.first_only:
             del self._sinks[out.request_id]
-            sink.put(_END)
+            sink.end()
 
-    def _register(self, request_id: str, sink: _Sink, prompt_tokens: int) -> None:
+    def _register(self, request_id: str, sink: OutputSink, prompt_tokens: int) -> None:
         sink.opened = True
         self._sinks[request_id] = sink
         self._prompt_tokens += prompt_tokens
@@ -306,7 +242,7 @@ class AsyncEngine:
                 return  # the running set is full: keep arrival order, retry after a step
             del self._pending[request_id]
 
-    def _drop(self, request_id: str, sink: _Sink) -> None:
+    def _drop(self, request_id: str, sink: OutputSink) -> None:
         """The caller went away: free what its request holds (if it is still its own)."""
         current = self._sinks.get(request_id)
         mine = sink.opened and (current is sink or current is None)
@@ -325,34 +261,15 @@ class AsyncEngine:
             if notify:
                 for index in sorted(sink.open_indices):
                     sink.put(StepOutput(request_id, index, (), "", (), "abort"))
-            sink.put(_END)
+            sink.end()
         return found
 
-    def _fail_everything(self, error: Exception) -> None:
+    def _fail_sinks(self, error: Exception) -> None:
         for sink in self._sinks.values():
             sink.put(error)
         self._sinks.clear()
-        while True:
-            try:
-                item = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if item is not _STOP:
-                cast(_Command, item)[1].set_exception(error)
 
     def _stats_now(self) -> EngineStats:
-        sched = self.engine.scheduler.stats()
-        kv = self.engine.kv
-        return EngineStats(
-            waiting=sched.num_waiting,
-            running=sched.num_running,
-            held=sched.num_held,
-            pending_admissions=len(self._pending),
-            free_blocks=kv.num_free_blocks,
-            cached_blocks=len(kv.cached_block_hashes()),
-            total_blocks=kv.num_blocks,
-            prefix_hit_tokens=sched.prefix_hit_tokens,
-            prefix_queried_tokens=sched.prefix_queried_tokens,
-            prompt_tokens=self._prompt_tokens,
-            generated_tokens=self._generated_tokens,
+        return engine_stats(
+            self.engine, len(self._pending), self._prompt_tokens, self._generated_tokens
         )

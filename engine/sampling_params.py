@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,9 +57,43 @@ class SamplingParams:
         _check(all(s for s in self.stop), "stop strings must be non-empty")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be >= 0")
 
+    @classmethod
+    def from_fields(
+        cls, values: Mapping[str, object], default_max_tokens: int | None = None
+    ) -> SamplingParams:
+        """Build from the fields a caller set; every other field keeps its default.
+
+        The edges pass a wire message's set fields by name (for protobuf:
+        ``{f.name: v for f, v in msg.ListFields()}``), so "unset" means "engine default"
+        the same way for every caller. ``default_max_tokens`` replaces the class default of
+        ``max_tokens`` when the caller set none (the router's configured default). Sequence
+        fields may be any iterable. ValueError names an unknown field or a bad value.
+        """
+        unknown = sorted(set(values) - _FIELD_NAMES)
+        if unknown:
+            raise ValueError(
+                f"unknown sampling parameter(s) {unknown}; known: {sorted(_FIELD_NAMES)}"
+            )
+        kwargs: dict[str, Any] = dict(values)
+        if default_max_tokens is not None:
+            kwargs.setdefault("max_tokens", default_max_tokens)
+        for name in _TUPLE_FIELDS & kwargs.keys():
+            kwargs[name] = tuple(_iterable(kwargs[name], name))
+        return cls(**kwargs)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
+_TUPLE_FIELDS = frozenset({"stop", "stop_token_ids"})
+
+
+def _iterable(value: object, name: str) -> Iterable[object]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise ValueError(f"{name} must be a sequence, got {type(value).__name__} {value!r:.80}")
+    return value
 
 
 def _check(ok: bool, message: str) -> None:

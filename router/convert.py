@@ -6,33 +6,11 @@ from engine.sampling_params import SamplingParams
 from pdserve_proto import common_pb2
 from router.request import ChunkEvent, TokenLogprob
 
-_DEFAULTS = SamplingParams()
-
 
 def params_from_proto(msg: common_pb2.SamplingParams, default_max_tokens: int) -> SamplingParams:
     """Unset optional fields take the engine defaults; raises ValueError on bad values."""
-    defaults = _DEFAULTS
-    return SamplingParams(
-        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else default_max_tokens,
-        temperature=msg.temperature if msg.HasField("temperature") else defaults.temperature,
-        top_k=msg.top_k,
-        top_p=msg.top_p if msg.HasField("top_p") else defaults.top_p,
-        min_p=msg.min_p,
-        seed=msg.seed if msg.HasField("seed") else None,
-        repetition_penalty=(
-            msg.repetition_penalty
-            if msg.HasField("repetition_penalty")
-            else defaults.repetition_penalty
-        ),
-        presence_penalty=msg.presence_penalty,
-        frequency_penalty=msg.frequency_penalty,
-        stop_token_ids=tuple(msg.stop_token_ids),
-        stop=tuple(msg.stop),
-        include_stop_str_in_output=msg.include_stop_str_in_output,
-        ignore_eos=msg.ignore_eos,
-        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
-        n=msg.n if msg.HasField("n") else 1,
-    )
+    fields = {f.name: value for f, value in msg.ListFields()}
+    return SamplingParams.from_fields(fields, default_max_tokens)
 
 
 def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:

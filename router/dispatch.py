@@ -9,7 +9,9 @@ Colocated: ``Generate`` on one worker. Disaggregated::
     prefill --TransferReport--> router (last Prefill event: bytes and seconds)
 
 A worker failing before the first token raises ``RetryableWorkerError`` (the caller tries
-another worker); after it, ``WorkerFailedError``: the client has already seen output.
+another worker). After it, the client has already seen output: a broken stream (an error
+status, or an end before every sequence finished) raises ``StreamBrokenError``, which the
+caller may fail over (router/failover.py); bad input and deadlines raise their own errors.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import grpc
 from pdserve_proto import common_pb2, worker_pb2
 from router.convert import chunk_from_proto
 from router.errors import DeadlineExceededError, InvalidRequestError, WorkerFailedError
+from router.failover import STREAM_ENDED, StreamBreak
 from router.policies import RouteDecision
 from router.request import ChunkEvent, GenerateInput
 from router.worker_calls import WorkerCalls
@@ -37,6 +40,14 @@ class RetryableWorkerError(Exception):
     def __init__(self, worker_id: str, message: str) -> None:
         super().__init__(message)
         self.worker_id = worker_id
+
+
+class StreamBrokenError(WorkerFailedError):
+    """A worker stream broke after the first token; ``brk`` says which worker and how."""
+
+    def __init__(self, brk: StreamBreak) -> None:
+        super().__init__(f"{brk.describe()} failed after the first token")
+        self.brk = brk
 
 
 class Attempt:
@@ -61,6 +72,7 @@ class Attempt:
         self.finished = False
         self.dispatched_s: float | None = None
         self.transfer_s = 0.0
+        self._unfinished = set(range(inp.params.n))  # sequence indices without a finish
         self._streams: list[grpc.aio.UnaryStreamCall] = []
         self._holding: list[str] = []  # workers that may hold state for this request
 
@@ -97,12 +109,13 @@ class Attempt:
                     tracker.end_prefill(worker_id, len(self.inp.prompt_token_ids))
                     tracker.start_decode(worker_id)
                     self.started = True
-                yield chunk_from_proto(msg)
+                yield self._seen(chunk_from_proto(msg))
         finally:
             if self.started:
                 tracker.end_decode(worker_id)
             else:
                 tracker.end_prefill(worker_id, len(self.inp.prompt_token_ids))
+        self._check_ended(worker_id)
         self.finished = True
 
     async def _disaggregated(
@@ -129,7 +142,7 @@ class Attempt:
         prefill = self._start_prefill(prefill_id, destination)
         first = await self._first_token(prefill, prefill_id)
         self.started = True
-        yield chunk_from_proto(first)
+        yield self._seen(chunk_from_proto(first))
         if first.finish_reason:
             # Finished at the first token: the reserved KV on the decode worker is not needed.
             prefill.cancel()
@@ -138,12 +151,13 @@ class Attempt:
         report = asyncio.create_task(self._transfer_report(prefill, prefill_id))
         try:
             async for msg in self._decode(decode_id, first):
-                yield chunk_from_proto(msg)
+                yield self._seen(chunk_from_proto(msg))
         finally:
             if report.done() and not report.cancelled() and report.exception() is None:
                 self.transfer_s = report.result()
             else:
                 report.cancel()
+        self._check_ended(decode_id)
 
     async def _reserve(self, decode_id: str) -> worker_pb2.KVDestination | None:
         request = worker_pb2.ReserveKVRequest(
@@ -225,6 +239,21 @@ class Attempt:
         except grpc.aio.AioRpcError as err:
             raise self._error(worker_id, err) from err
 
+    def _seen(self, chunk: ChunkEvent) -> ChunkEvent:
+        if chunk.finish_reason is not None:
+            self._unfinished.discard(chunk.index)
+        return chunk
+
+    def _check_ended(self, worker_id: str) -> None:
+        """A stream that ended cleanly must have finished every sequence it started."""
+        if not self.started:
+            raise RetryableWorkerError(
+                worker_id, f"worker {worker_id} ended its stream without sending a token"
+            )
+        if self._unfinished:
+            detail = f"the stream ended before sequences {sorted(self._unfinished)} finished"
+            raise StreamBrokenError(StreamBreak(worker_id, STREAM_ENDED, detail))
+
     def _error(self, worker_id: str, err: grpc.aio.AioRpcError) -> Exception:
         code, details = err.code(), err.details()
         where = f"worker {worker_id} ({code.name}: {details})"
@@ -235,7 +264,7 @@ class Attempt:
                 f"request {self.inp.request_id} passed its deadline at {where}"
             )
         if self.started:
-            return WorkerFailedError(f"{where} failed after the first token")
+            return StreamBrokenError(StreamBreak(worker_id, code.name, details or ""))
         return RetryableWorkerError(worker_id, f"{where} failed before the first token")
 
     def _mark_dispatched(self) -> None:

@@ -1,6 +1,7 @@
 """Publishes the router's SLO/goodput figures to Redis for the autoscaler and dashboards.
 
-Keys (``<P>`` = the cluster's key prefix, default ``pdserve:``; see docs/redis-schema.md):
+Keys (``<P>`` = the cluster's key prefix, default ``pdserve:``; names from
+``cluster.redis_keys.RedisKeys``, the one key schema; see docs/redis-schema.md):
 
 - ``<P>slo:router:<router_id>`` HASH, rewritten whole every ``publish_interval_s`` and
   expiring after three intervals, so a router that stopped disappears on its own::
@@ -36,18 +37,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROUTER_NS = "slo:router:"
-ROUTERS_SET = "slo:routers"
-
 
 def goodput_key(prefix: str, router_id: str) -> str:
     """``<P>slo:router:<router_id>``: one router's latest figures (HASH)."""
-    return RedisKeys(prefix).prefix + ROUTER_NS + check_worker_id(router_id)
+    return RedisKeys(prefix).slo_router(check_worker_id(router_id))
 
 
 def routers_key(prefix: str) -> str:
     """``<P>slo:routers``: ids of routers that published (SET)."""
-    return RedisKeys(prefix).prefix + ROUTERS_SET
+    return RedisKeys(prefix).slo_routers
 
 
 def default_router_id() -> str:

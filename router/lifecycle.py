@@ -2,27 +2,31 @@
 
 ``RequestLifecycle.generate`` is an async generator of ``ChunkEvent`` followed by one
 ``Summary``. Closing it early (client disconnect, cancellation) cancels the worker streams
-and sends Cancel to every worker involved, so their KV is freed.
+and sends Cancel to every worker involved, so their KV is freed. A worker failing before the
+first token is retried on the next routing decision (router/dispatch.py); a stream breaking
+after it is continued on other workers by replaying prompt + sent tokens (router/failover.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from router.admission import ConcurrencyLimiter, LocalLoadTracker
 from router.config import RouterConfig
 from router.directory import ChannelPool, WorkerDirectory, WorkerInfo
-from router.dispatch import Attempt, RetryableWorkerError
+from router.dispatch import StreamBrokenError
 from router.errors import NoWorkersError, OverloadedError, WorkerFailedError
+from router.failover import FailoverConfig, Refusal, ReplayPlan, SequenceStream
+from router.failover_text import TextDecoder
 from router.fanout import fan_out_inputs, merge_streams
 from router.locality import LocalityIndex, PromptBlockHasher
 from router.policies import (
     POLICY_NAMES,
-    RouteDecision,
     RouteRequest,
     RoutingPolicy,
     WorkerCandidate,
@@ -39,20 +43,10 @@ from router.request import (
     TimingSink,
     Usage,
 )
+from router.route_walk import Route, walk
 from router.worker_calls import WorkerCalls
 
-
-@dataclass(slots=True)
-class _Route:
-    """One request's routing snapshot and, once served, the attempt that served it."""
-
-    inp: GenerateInput
-    request: RouteRequest
-    ranked: list[RouteDecision]
-    calls: WorkerCalls
-    deadline_at: float | None
-    served_by: Attempt | None = None
-    dispatched_s: float | None = None
+log = logging.getLogger(__name__)
 
 
 class RequestLifecycle:
@@ -66,8 +60,14 @@ class RequestLifecycle:
         locality: LocalityIndex | None = None,
         hasher: PromptBlockHasher | None = None,
         timing_sink: TimingSink | None = None,
+        failover: FailoverConfig | None = None,
     ) -> None:
         self.config = config
+        self.failover = failover or FailoverConfig()
+        # The router's tokenizer: after a failover the router makes the text itself
+        # (router/failover_text.py). Set by whoever starts the router; without it only
+        # breaks where the worker held no text back can fail over.
+        self.text_decoder: TextDecoder | None = None
         self.directory = directory
         self.channels = channels
         self.locality = locality
@@ -92,7 +92,7 @@ class RequestLifecycle:
         finally:
             self.limiter.release()
 
-    async def _route(self, inp: GenerateInput) -> _Route:
+    async def _route(self, inp: GenerateInput) -> Route:
         policy_name = inp.routing_policy or self.config.default_policy
         policy = self._policies[normalize_policy_name(policy_name)]
         workers = [w for w in self.directory.live_workers() if not w.model or w.model == inp.model]
@@ -109,7 +109,7 @@ class RequestLifecycle:
             {w.worker_id: w for w in workers},
             self._background,
         )
-        return _Route(inp, request, ranked, calls, self._deadline_at(inp))
+        return Route(inp, request, ranked, calls, self._deadline_at(inp))
 
     def _candidate(self, worker: WorkerInfo) -> WorkerCandidate:
         load = self.tracker.effective_load(worker.worker_id, worker.load)
@@ -119,12 +119,12 @@ class RequestLifecycle:
         deadline_s = inp.deadline_s or self.config.request_timeout_s
         return inp.arrival_s + deadline_s if deadline_s > 0 else None
 
-    def _chunks(self, route: _Route) -> AsyncGenerator[ChunkEvent, None]:
+    def _chunks(self, route: Route) -> AsyncGenerator[ChunkEvent, None]:
         if route.inp.params.n > 1 and route.ranked and not route.ranked[0].colocated:
             return self._fan_out(route)
         return self._serve(route)
 
-    async def _fan_out(self, route: _Route) -> AsyncGenerator[ChunkEvent, None]:
+    async def _fan_out(self, route: Route) -> AsyncGenerator[ChunkEvent, None]:
         """n sequences as n one-sequence requests: a DecodeRequest carries one first token."""
         subs = [replace(route, inp=sub) for sub in fan_out_inputs(route.inp)]
         async with aclosing(merge_streams([self._serve(sub) for sub in subs])) as merged:
@@ -134,47 +134,65 @@ class RequestLifecycle:
         starts = [sub.dispatched_s for sub in subs if sub.dispatched_s is not None]
         route.dispatched_s = min(starts, default=None)
 
-    async def _serve(self, route: _Route) -> AsyncGenerator[ChunkEvent, None]:
-        """Walk the ranking until one attempt completes (see module docstring of dispatch)."""
-        failed: set[str] = set()
-        refused: set[str] = set()
-        failures: list[str] = []
-        for decision in route.ranked:
-            if len(failures) >= self.config.max_attempts:
-                break
-            if _skip(decision, failed, refused):
-                continue
-            attempt = Attempt(
-                route.calls,
-                route.inp,
-                decision,
-                _attempt_id(route.inp, failures, refused),
-                route.deadline_at,
-            )
+    async def _serve(self, route: Route) -> AsyncGenerator[ChunkEvent, None]:
+        """Serve ``route``; a stream that breaks after tokens went out goes on elsewhere."""
+        stream = SequenceStream(route.inp.prompt_token_ids, route.inp.params)
+        failed: set[str] = set()  # workers that failed this request: not tried again
+        current, plan = route, None
+        while True:
             try:
-                async with aclosing(attempt.run()) as chunks:
+                if plan is not None:
+                    current = await self._replay_route(route, plan)
+                async with aclosing(walk(current, failed, self.config.max_attempts)) as chunks:
                     async for chunk in chunks:
-                        yield chunk
-            except RetryableWorkerError as err:
-                attempt.abort()
-                failures.append(str(err))
-                failed.add(err.worker_id)
-                continue
-            except BaseException:
-                attempt.abort()
-                raise
-            finally:
-                if route.dispatched_s is None:
-                    route.dispatched_s = attempt.dispatched_s
-            if attempt.refused:
-                refused.add(decision.decode_worker_id or "")
-                continue
-            route.served_by = attempt
-            return
-        raise _exhausted(route, failures, refused)
+                        yield stream.deliver(chunk)
+                        if stream.finished_by_router:
+                            break  # closing the walk cancels the worker's stream
+                route.served_by = current.served_by
+                return
+            except StreamBrokenError as err:
+                if stream.finished:  # the break came after the last token: nothing is lost
+                    route.served_by = current.served_by
+                    return
+                plan = self._plan_failover(route, stream, err, failed)
+            except (NoWorkersError, OverloadedError, WorkerFailedError) as err:
+                if plan is None:
+                    raise
+                message = stream.failed_after_failover(err)
+                raise WorkerFailedError(f"request {route.inp.request_id}: {message}") from err
+
+    def _plan_failover(
+        self, route: Route, stream: SequenceStream, err: StreamBrokenError, failed: set[str]
+    ) -> ReplayPlan:
+        rid = route.inp.request_id
+        plan = stream.fail_over(err.brk, self.failover, self.text_decoder)
+        if isinstance(plan, Refusal):
+            raise WorkerFailedError(f"request {rid}: {plan.message}") from err
+        failed.add(plan.exclude)
+        log.warning(
+            "request %s: %s broke the stream after %d tokens; failover %d of %d replays "
+            "prompt + sent tokens (%d) elsewhere",
+            rid,
+            err.brk.describe(),
+            plan.delivered_tokens,
+            plan.failover,
+            self.failover.max_failovers,
+            len(plan.prompt_token_ids),
+        )
+        return plan
+
+    async def _replay_route(self, route: Route, plan: ReplayPlan) -> Route:
+        """A fresh routing of the replay (a new id: late Cancels of the old one miss it)."""
+        inp = replace(
+            route.inp,
+            request_id=f"{route.inp.request_id}+f{plan.failover}",
+            prompt_token_ids=plan.prompt_token_ids,
+            params=plan.params,
+        )
+        return await self._route(inp)
 
     async def _timed(
-        self, route: _Route, chunks: AsyncGenerator[ChunkEvent, None]
+        self, route: Route, chunks: AsyncGenerator[ChunkEvent, None]
     ) -> AsyncGenerator[ChunkEvent | Summary, None]:
         inp = route.inp
         clock = _Clock(inp.arrival_s)
@@ -195,7 +213,7 @@ class RequestLifecycle:
             )
         yield self._summary(route, clock, completion_tokens)
 
-    def _summary(self, route: _Route, clock: _Clock, completion_tokens: int) -> Summary:
+    def _summary(self, route: Route, clock: _Clock, completion_tokens: int) -> Summary:
         inp, attempt = route.inp, route.served_by
         assert attempt is not None, f"request {inp.request_id} finished without an attempt"
         dispatched_s = route.dispatched_s or inp.arrival_s
@@ -252,30 +270,3 @@ class _Clock:
             transfer_s=transfer_s,
             itl_s=tuple(self.gaps_s),
         )
-
-
-def _skip(decision: RouteDecision, failed: set[str], refused: set[str]) -> bool:
-    if decision.prefill_worker_id in failed or decision.decode_worker_id in failed:
-        return True
-    return decision.decode_worker_id is not None and decision.decode_worker_id in refused
-
-
-def _attempt_id(inp: GenerateInput, failures: Sequence[str], refused: set[str]) -> str:
-    # A retry uses a fresh id: a late Cancel for the failed attempt must not hit this one.
-    tries = len(failures) + len(refused)
-    return inp.request_id if tries == 0 else f"{inp.request_id}#{tries}"
-
-
-def _exhausted(route: _Route, failures: list[str], refused: set[str]) -> Exception:
-    rid = route.inp.request_id
-    if failures:
-        return WorkerFailedError(
-            f"request {rid} failed on {len(failures)} worker(s): {'; '.join(failures)}"
-        )
-    if refused:
-        return OverloadedError(
-            f"request {rid}: no decode worker has room for {route.request.blocks_needed} KV "
-            f"blocks (refused by {sorted(refused)})",
-            route.calls.config.retry_after_s,
-        )
-    return NoWorkersError(f"request {rid}: no worker available to route to")

@@ -60,6 +60,7 @@ async def start_router(
     channels = ChannelPool(worker_credentials, config.max_message_bytes)
     obs = RouterObservability(config, directory, channels)
     lifecycle = MeteredLifecycle(config, directory, channels, obs, locality, hasher, timing_sink)
+    lifecycle.text_decoder = tokenizer  # exact text when a stream fails over
     frontend = Frontend(config, tokenizer, lifecycle)
     grpc_server, grpc_port = await start_grpc_server(frontend, config)
     app = create_app(frontend, config)

@@ -3,49 +3,26 @@
 Copy-on-write pairs queued by ``allocate`` are taken with
 :meth:`KVCacheManager.take_block_copies`; the runner must apply them in order before the
 forward pass (a block freed by one copy may be the destination of a later one).
-See ``block_table.py`` for the layout of one table.
+See ``block_table.py`` for the layout of one table, ``prefix.py`` for prefix lookups and the
+result types (``PrefixMatch``, ``ImportReservation``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from engine.kv_cache.block_pool import BlockPool
 from engine.kv_cache.block_table import SequenceBlocks
 from engine.kv_cache.events import KVCacheEvent
 from engine.kv_cache.hashing import BlockHash, BlockHasher, encode_extra_keys
+from engine.kv_cache.prefix import (
+    ImportReservation,
+    PrefixMatch,
+    assert_match_current,
+    match_prefix,
+)
 
-
-@dataclass(slots=True, frozen=True)
-class PrefixMatch:
-    """A prefix-cache hit: the leading cached blocks and how many tokens they cover.
-
-    ``block_hashes`` are the hashes of *all* full blocks of the looked-up tokens, so the
-    following ``allocate`` does not hash them again.
-    """
-
-    block_ids: tuple[int, ...] = ()
-    num_tokens: int = 0
-    block_hashes: tuple[BlockHash, ...] = ()
-
-
-@dataclass(slots=True, frozen=True)
-class ImportReservation:
-    """Blocks reserved on the receiving worker for a sequence's prompt KV.
-
-    ``block_ids[i]`` receives the sender's block ``i``. The first ``num_local_blocks`` are
-    already here (prefix cache), so the sender skips them: it sends ``blocks_to_receive``.
-    """
-
-    seq_id: str
-    block_ids: tuple[int, ...]
-    num_local_blocks: int
-    num_local_tokens: int
-
-    @property
-    def blocks_to_receive(self) -> tuple[int, ...]:
-        return self.block_ids[self.num_local_blocks :]
+__all__ = ["ImportReservation", "KVCacheManager", "PrefixMatch"]
 
 
 class KVCacheManager:
@@ -253,14 +230,7 @@ class KVCacheManager:
     def _match(self, token_ids: Sequence[int], max_tokens: int) -> PrefixMatch:
         if not self._caching:
             return PrefixMatch()
-        hashes = BlockHasher(self._block_size, encoded_extra_keys=self._extra).update(token_ids)
-        hit: list[int] = []
-        for block_hash in hashes[: max_tokens // self._block_size]:
-            block_id = self._pool.lookup(block_hash)
-            if block_id is None:
-                break
-            hit.append(block_id)
-        return PrefixMatch(tuple(hit), len(hit) * self._block_size, tuple(hashes))
+        return match_prefix(self._pool, self._block_size, self._extra, token_ids, max_tokens)
 
     def _allocate_first(
         self,
@@ -285,11 +255,7 @@ class KVCacheManager:
         self, seq_id: str, token_ids: Sequence[int], prefix: PrefixMatch, num_tokens: int
     ) -> SequenceBlocks | None:
         """New state: prefix blocks (touched) + fresh blocks up to ``num_tokens`` positions."""
-        for block_id, block_hash in zip(prefix.block_ids, prefix.block_hashes, strict=False):
-            assert self._pool.block_hash(block_id) == block_hash, (
-                f"stale prefix match for {seq_id!r}: block {block_id} no longer caches "
-                f"{block_hash:#x}; look up right before allocating"
-            )
+        assert_match_current(self._pool, seq_id, prefix)
         num_fresh = max(0, self.num_blocks_for_tokens(num_tokens) - len(prefix.block_ids))
         num_revived = sum(1 for b in prefix.block_ids if self._pool.ref_count(b) == 0)
         if self._pool.num_free_blocks < num_fresh + num_revived:

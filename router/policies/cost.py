@@ -25,6 +25,11 @@ class Pools:
     def disaggregated(self) -> bool:
         return bool(self.prefill) and bool(self.decode)
 
+    @property
+    def prompt_pool(self) -> tuple[WorkerCandidate, ...]:
+        """The workers that would run the prompt: prefill when disaggregated, else colocated."""
+        return self.prefill if self.disaggregated else self.colocated
+
 
 def split_pools(workers: Sequence[WorkerCandidate]) -> Pools:
     prefill = tuple(w for w in workers if w.role is WorkerRole.PREFILL)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from router.policies.cost import TtftEstimate, describe, load_key, predict_ttft, split_pools
+from router.policies.base import PoolPolicy
+from router.policies.cost import Pools, TtftEstimate, describe, load_key, predict_ttft
 from router.policies.types import CostModel, RouteDecision, RouteRequest, WorkerCandidate
 
 
-class JointTtftPolicy:
+class JointTtftPolicy(PoolPolicy):
     """Ranks every (prefill, decode) pair, or every colocated worker, by predicted TTFT.
 
     TTFT = queue wait + uncached prefill tokens x per-token cost + KV bytes to move over
@@ -21,17 +20,12 @@ class JointTtftPolicy:
     def __init__(self, cost: CostModel | None = None, max_decisions: int = 16) -> None:
         if max_decisions < 1:
             raise ValueError(f"max_decisions must be >= 1, got {max_decisions}")
-        self._cost = cost or CostModel()
+        super().__init__(cost)
         # Only the head of the ranking is ever walked (a few refusals or failures), so the
         # decisions and their reason strings are built for that head only.
         self._max_decisions = max_decisions
 
-    def rank(
-        self, request: RouteRequest, workers: Sequence[WorkerCandidate]
-    ) -> list[RouteDecision]:
-        if not workers:
-            return []
-        pools = split_pools(workers)
+    def rank_pools(self, request: RouteRequest, pools: Pools) -> list[RouteDecision]:
         options: list[tuple[WorkerCandidate, WorkerCandidate | None]]
         if pools.disaggregated:
             options = [(p, d) for p in pools.prefill for d in pools.decode]

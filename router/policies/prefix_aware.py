@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.policies.cost import load_key, split_pools
-from router.policies.simple import rank_pairs
-from router.policies.types import CostModel, RouteDecision, RouteRequest, WorkerCandidate
+from router.policies.base import OrderedPolicy, Ordering
+from router.policies.cost import Pools, load_key
+from router.policies.types import CostModel, RouteRequest, WorkerCandidate
 
 
-class PrefixAwarePolicy:
+class PrefixAwarePolicy(OrderedPolicy):
     """Prefill (or colocated) worker holding the longest prefix; decode worker least loaded.
 
     Hot-spot guard: a popular prefix would draw every request to the worker that holds it.
@@ -22,24 +22,11 @@ class PrefixAwarePolicy:
     def __init__(self, cost: CostModel | None = None, load_margin: int = 4) -> None:
         if load_margin < 0:
             raise ValueError(f"load_margin must be >= 0 requests, got {load_margin}")
-        self._cost = cost or CostModel()
+        super().__init__(cost)
         self._load_margin = load_margin
 
-    def rank(
-        self, request: RouteRequest, workers: Sequence[WorkerCandidate]
-    ) -> list[RouteDecision]:
-        if not workers:
-            return []
-        pools = split_pools(workers)
-        first_pool = pools.prefill if pools.disaggregated else pools.colocated
-        return rank_pairs(
-            self.name,
-            request,
-            pools,
-            self.order_by_prefix(request, first_pool),
-            sorted(pools.decode, key=load_key),
-            self._cost,
-        )
+    def order(self, request: RouteRequest, pools: Pools) -> Ordering:
+        return self.order_by_prefix(request, pools.prompt_pool), sorted(pools.decode, key=load_key)
 
     def order_by_prefix(
         self, request: RouteRequest, pool: Sequence[WorkerCandidate]

@@ -3,7 +3,10 @@
 It answers at once with deterministic tokens -- token k of every sequence is id 1000 + k
 with text " w<k>" (" s<i>w<k>" for sequence i > 0) -- and applies stop strings with the
 engine's real matcher. Knobs inject failures: fail before the first token, refuse
-ReserveKV, hang. Used by the router tests and by bench/router_overhead.py (run it as
+ReserveKV, hang, die mid-stream. With ``knobs.script`` set, tokens follow a script instead
+(token at absolute position p is the character ``script[p % len(script)]``, as
+``FakeCharTokenizer`` encodes it), so a replayed prompt continues the same text: what a
+greedy model does. Used by the router tests and by bench/router_overhead.py (run it as
 ``python -m tests.integration.stub_worker --port P --role colocated``).
 
 ``FakeCharTokenizer`` is likewise a FAKE: one token per character, for routing tests only.
@@ -41,6 +44,12 @@ class StubKnobs:
     hang_before_first_token: bool = False
     hang_after_first_token: bool = False
     token_delay_s: float = 0.0
+    # The next Generate/Decode stream sends this many chunks, then the worker dies: its
+    # server stops (every caller gets UNAVAILABLE), or with die_by_ending_stream the stream
+    # just ends without a finish_reason. One-shot: reset to None when it fires.
+    die_after_tokens: int | None = None
+    die_by_ending_stream: bool = False
+    script: str | None = None  # see the module docstring
 
 
 @dataclass
@@ -49,6 +58,8 @@ class StubRecord:
     cancels: list[str] = field(default_factory=list)  # request ids of Cancel RPCs
     streams_cancelled: list[str] = field(default_factory=list)  # streams the caller dropped
     params: list[common_pb2.SamplingParams] = field(default_factory=list)
+    # (method, request id, prompt) of every call that carries a prompt
+    prompts: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
 
 
 def token_text(index: int, k: int) -> str:
@@ -91,6 +102,30 @@ def _logprob(token_id: int, k: int, top: int) -> common_pb2.TokenLogprob:
     )
 
 
+class _ScriptedSequence:
+    """Chunk k of one sequence after ``prompt_len`` prompt tokens, from ``script``: each
+    token is one character, and text is made as the engine makes it (stop strings held
+    back, a finish flushes them)."""
+
+    def __init__(self, params: common_pb2.SamplingParams, prompt_len: int, script: str) -> None:
+        self.max_tokens = params.max_tokens if params.HasField("max_tokens") else 16
+        self.matcher = StopStringMatcher(tuple(params.stop), params.include_stop_str_in_output)
+        self.prompt_len = prompt_len
+        self.script = script
+
+    def chunk(self, k: int) -> common_pb2.TokenChunk:
+        char = self.script[(self.prompt_len + k) % len(self.script)]
+        finish = "length" if k + 1 >= self.max_tokens else ""
+        text = char
+        if self.matcher.stops:
+            text = self.matcher.feed(char)
+            if self.matcher.stopped and not finish:
+                finish = "stop"
+            elif finish:
+                text += self.matcher.flush()
+        return common_pb2.TokenChunk(token_ids=[ord(char)], text=text, finish_reason=finish)
+
+
 class StubWorker(worker_pb2_grpc.WorkerServicer):
     def __init__(self, worker_id: str, role: str, knobs: StubKnobs | None = None) -> None:
         self.worker_id = worker_id
@@ -98,26 +133,33 @@ class StubWorker(worker_pb2_grpc.WorkerServicer):
         self.knobs = knobs or StubKnobs()
         self.record = StubRecord()
         self.reservations: set[str] = set()
+        self.server: grpc.aio.Server | None = None  # set by start_stub_worker: dying stops it
+
+    def _sequence(self, index: int, request: Any) -> _Sequence | _ScriptedSequence:
+        if self.knobs.script is None:
+            return _Sequence(index, request.params)
+        assert index == 0, "scripted stubs serve one sequence per request"
+        return _ScriptedSequence(request.params, len(request.prompt_token_ids), self.knobs.script)
 
     async def Generate(self, request, context) -> AsyncIterator[common_pb2.TokenChunk]:
-        self._note("Generate", request.request_id, request.params)
+        self._note("Generate", request.request_id, request.params, request.prompt_token_ids)
         await self._before_first_token(context, request.request_id)
         n = request.params.n if request.params.HasField("n") else 1
-        sequences = [_Sequence(i, request.params) for i in range(n)]
+        sequences = [self._sequence(i, request) for i in range(n)]
         async for chunk in self._stream(sequences, 0, context, request.request_id):
             yield chunk
 
     async def Prefill(self, request, context) -> AsyncIterator[worker_pb2.PrefillEvent]:
-        self._note("Prefill", request.request_id, request.params)
+        self._note("Prefill", request.request_id, request.params, request.prompt_token_ids)
         await self._before_first_token(context, request.request_id)
-        yield worker_pb2.PrefillEvent(first_token=_Sequence(0, request.params).chunk(0))
+        yield worker_pb2.PrefillEvent(first_token=self._sequence(0, request).chunk(0))
         report = worker_pb2.TransferReport(
             ok=True, bytes=100 * len(request.prompt_token_ids), seconds=0.002
         )
         yield worker_pb2.PrefillEvent(transfer=report)
 
     async def ReserveKV(self, request, context) -> worker_pb2.ReserveKVResponse:
-        self._note("ReserveKV", request.request_id, None)
+        self._note("ReserveKV", request.request_id, None, request.prompt_token_ids)
         if self.knobs.refuse_reserve:
             return worker_pb2.ReserveKVResponse(accepted=False)
         self.reservations.add(request.request_id)
@@ -128,10 +170,10 @@ class StubWorker(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.ReserveKVResponse(accepted=True, destination=destination)
 
     async def Decode(self, request, context) -> AsyncIterator[common_pb2.TokenChunk]:
-        self._note("Decode", request.request_id, request.params)
+        self._note("Decode", request.request_id, request.params, request.prompt_token_ids)
         if request.request_id not in self.reservations:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no reservation")
-        sequence = _Sequence(0, request.params)
+        sequence = self._sequence(0, request)
         sequence.chunk(0)  # the first token came from the prefill worker: feed its text
         async for chunk in self._stream([sequence], 1, context, request.request_id):
             yield chunk
@@ -146,8 +188,15 @@ class StubWorker(worker_pb2_grpc.WorkerServicer):
     async def GetStats(self, request, context) -> worker_pb2.WorkerStats:
         return worker_pb2.WorkerStats(worker_id=self.worker_id, role=self.role, free_blocks=1000)
 
-    def _note(self, method: str, request_id: str, params: common_pb2.SamplingParams | None):
+    def _note(
+        self,
+        method: str,
+        request_id: str,
+        params: common_pb2.SamplingParams | None,
+        prompt: Any = (),
+    ):
         self.record.calls.append((method, request_id))
+        self.record.prompts.append((method, request_id, tuple(prompt)))
         if params is not None:
             self.record.params.append(params)
 
@@ -161,10 +210,15 @@ class StubWorker(worker_pb2_grpc.WorkerServicer):
     async def _stream(self, sequences, start_k, context, request_id):
         running = list(sequences)
         k = start_k
+        sent = 0
         while running:
             for seq in list(running):
+                if sent == self.knobs.die_after_tokens:
+                    await self._die(request_id)
+                    return
                 chunk = seq.chunk(k)
                 yield chunk
+                sent += 1
                 if chunk.finish_reason:
                     running.remove(seq)
             if k == start_k and self.knobs.hang_after_first_token:
@@ -172,6 +226,15 @@ class StubWorker(worker_pb2_grpc.WorkerServicer):
             if self.knobs.token_delay_s:
                 await asyncio.sleep(self.knobs.token_delay_s)
             k += 1
+
+    async def _die(self, request_id: str) -> None:
+        """Die mid-stream (see ``StubKnobs.die_after_tokens``)."""
+        self.knobs.die_after_tokens = None
+        if self.knobs.die_by_ending_stream:
+            return
+        assert self.server is not None, "a stub dies by stopping its server"
+        asyncio.get_running_loop().create_task(self.server.stop(None))
+        await self._hang(request_id)
 
     async def _hang(self, request_id: str) -> None:
         try:
@@ -187,6 +250,7 @@ async def start_stub_worker(
     """A started stub on loopback; returns the server, its address and the servicer."""
     server = grpc.aio.server()
     servicer = StubWorker(worker_id, role, knobs)
+    servicer.server = server
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
@@ -273,6 +337,8 @@ async def _setup(roles, config, tokenizer, locality, hasher, loop, thread) -> St
     config = replace(config, grpc_port=0, http_port=0)
     directory = StaticWorkerDirectory(infos)
     service = await start_router(config, tokenizer, directory, locality, hasher)
+    if service.lifecycle.text_decoder is None:  # the router's text after a failover
+        service.lifecycle.text_decoder = tokenizer
     teardown.append(partial(service.stop, None))
     return StubCluster(
         config,
@@ -284,6 +350,29 @@ async def _setup(roles, config, tokenizer, locality, hasher, loop, thread) -> St
         thread,
         teardown,
     )
+
+
+def start_router_for(
+    infos: list[WorkerInfo], tokenizer: Any, config: RouterConfig | None = None
+) -> StubCluster:
+    """A real router on a loop in a thread in front of the given (real) workers; the
+    returned cluster has no stub ``workers``."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="router", daemon=True)
+    thread.start()
+    config = replace(config or RouterConfig(), grpc_port=0, http_port=0)
+
+    async def setup() -> StubCluster:
+        service = await start_router(config, tokenizer, StaticWorkerDirectory(infos))
+        service.lifecycle.text_decoder = service.lifecycle.text_decoder or tokenizer
+        grpc_address = f"127.0.0.1:{service.grpc_port}"
+        http_url = f"http://127.0.0.1:{service.http_port}"
+        teardown: list[Callable[[], Awaitable[None]]] = [partial(service.stop, None)]
+        return StubCluster(
+            config, {}, grpc_address, http_url, service.lifecycle, loop, thread, teardown
+        )
+
+    return asyncio.run_coroutine_threadsafe(setup(), loop).result(30)
 
 
 def main() -> None:

@@ -11,6 +11,15 @@ One cluster for the module (real Ray, redis-server, four worker actors with the 
   and prefix-aware routing is back;
 - scale-down drains: the removed decode worker leaves the registry at once but finishes the
   request it runs; scale-up brings a worker that registers only once warm.
+
+Without Ray or Redis (worker processes and an in-process router, so it starts in seconds):
+
+- a decode worker SIGKILLed mid-stream: the router replays prompt + the tokens sent so far
+  on the other decode worker, and the client's greedy stream equals the offline engine's,
+  with no token lost or repeated; the next request is served. The surviving worker's own
+  Prometheus endpoint answers.
+- a worker that vanishes without a word: the router's directory thread sweeps its index
+  entries once its lease lapses, with no lookup needed to notice.
 """
 
 from __future__ import annotations
@@ -19,16 +28,26 @@ import os
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import grpc
+import httpx
 import openai
 import pytest
+import redis
 
+from cluster import registry as reg
+from cluster.kv_events import KvEventSequencer
 from cluster.locality_index import LocalityIndex
 from cluster.redis_keys import RedisKeys
 from cluster.registry import WorkerRegistry
+from cluster.router_wiring import RedisWorkerDirectory, load_router_tokenizer
 from engine.sampling_params import SamplingParams
+from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
+from router.directory import WorkerInfo
 from router.locality import engine_prompt_hasher
+from router.policies import WorkerRole
 from tests.integration.cluster_proc import (
     UpProcess,
     alive,
@@ -38,7 +57,8 @@ from tests.integration.cluster_proc import (
     start_up,
     wait_until,
 )
-from tests.integration.worker_procs import offline_llm
+from tests.integration.stub_worker import StubCluster, start_router_for
+from tests.integration.worker_procs import WorkerProc, launch_worker, offline_llm, running
 
 pytestmark = pytest.mark.slow
 
@@ -235,3 +255,94 @@ def test_scale_down_drains_a_busy_decode_worker_and_scale_up_adds_one(
     assert grpc_generate(up.grpc_address, ids, MAX_TOKENS).token_ids == expected_ids(reference, ids)
     bad = up.cli("scale", "prefill", "0")  # decode without prefill cannot serve
     assert bad.returncode == 2 and "no worker can run a prompt" in bad.stderr
+
+
+# -- a decode worker killed mid-stream (worker processes, in-process router) ---------------
+
+FAILOVER_TOKENS = 40
+
+
+@pytest.fixture()
+def one_by_two(tmp_path: Path) -> Iterator[tuple[dict[str, WorkerProc], StubCluster]]:
+    """1 prefill + 2 decode worker processes and a router in front of them."""
+    common = ("--num-blocks", "64", "--kv-backend", "nixl")
+    launched = [launch_worker("prefill-0", "prefill", tmp_path, *common)]
+    launched += [launch_worker(f"decode-{i}", "decode", tmp_path, *common) for i in range(2)]
+    try:  # these two load while the workers load
+        tokenizer = load_router_tokenizer(MODEL)
+        offline_llm()
+    except BaseException:
+        for worker in launched:
+            worker.stop()
+        raise
+    with running(launched) as workers:
+        infos = [WorkerInfo(w.name, w.address, WorkerRole(w.role)) for w in workers]
+        router = start_router_for(infos, tokenizer)
+        try:
+            yield {w.name: w for w in workers}, router
+        finally:
+            router.stop()
+
+
+def serving_decode_worker(workers: dict[str, WorkerProc]) -> WorkerProc:
+    (serving,) = [w for w in workers.values() if w.role == "decode" and w.stats().running]
+    return serving
+
+
+def test_decode_worker_killed_mid_stream_the_stream_goes_on_unchanged(
+    one_by_two: tuple[dict[str, WorkerProc], StubCluster], reference: Any
+) -> None:
+    workers, router = one_by_two
+    ids = reference.tokenizer.encode(LONG_PROMPT)
+    params = SamplingParams(max_tokens=FAILOVER_TOKENS, temperature=0.0, ignore_eos=True)
+    (expected,) = reference.generate([ids], params)
+    request = inference_pb2.GenerateTextRequest(
+        token_ids=inference_pb2.TokenIds(ids=ids),
+        params=common_pb2.SamplingParams(
+            max_tokens=FAILOVER_TOKENS, temperature=0.0, ignore_eos=True
+        ),
+    )
+    got_ids: list[int] = []
+    responses = []
+    victim: WorkerProc | None = None
+    with grpc.insecure_channel(router.grpc_address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        for response in stub.Generate(request, timeout=120):
+            responses.append(response)
+            got_ids += response.chunk.token_ids
+            if victim is None and len(got_ids) >= 4:  # mid-stream: kill the one decoding
+                victim = serving_decode_worker(workers)
+                victim.kill()
+    assert victim is not None
+    assert got_ids == expected.token_ids  # none lost, none repeated, the same greedy tokens
+    assert "".join(r.chunk.text for r in responses) == expected.text
+    (survivor,) = [w for w in workers.values() if w.role == "decode" and w is not victim]
+    assert responses[-1].decode_worker == survivor.name
+    assert responses[-1].chunk.finish_reason == "length"
+
+    again = grpc_generate(router.grpc_address, ids, MAX_TOKENS)  # the cluster keeps serving
+    assert again.token_ids == expected_ids(reference, ids)
+    assert again.decode_worker == survivor.name
+    metrics = httpx.get(f"http://127.0.0.1:{survivor.info['metrics_port']}/metrics", timeout=10)
+    assert "pdserve_worker_up 1.0" in metrics.text
+    assert f'pdserve_worker_running{{role="decode",worker="{survivor.name}"}}' in metrics.text
+
+
+def test_the_router_sweeps_the_entries_of_a_worker_whose_lease_lapsed(
+    redis_client: redis.Redis, keys: RedisKeys
+) -> None:
+    registry = WorkerRegistry(redis_client, keys, lease_s=0.5)
+    index = LocalityIndex(redis_client, keys)
+    seq = KvEventSequencer("gone", registry.allocate_epoch())
+    info = reg.WorkerInfo("gone", reg.WorkerRole.PREFILL, "127.0.0.1:1", "m", 64, 16, seq.epoch)
+    assert registry.register(info)
+    index.apply([seq.stored([11, 12, 13])])
+    directory = RedisWorkerDirectory(registry, index, refresh_s=0.05, sweep_s=0.1).start()
+    try:
+        assert [w.worker_id for w in directory.live_workers()] == ["gone"]
+        # No heartbeat: the lease lapses, and the directory's own thread drops the entries.
+        wait_until(lambda: not index.blocks_of("gone"), 10, "the sweep of the lapsed worker")
+        assert index.holders(11) == set()
+        assert directory.live_workers() == ()
+    finally:
+        directory.stop()

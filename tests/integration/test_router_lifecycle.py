@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import grpc
 import httpx
 import pytest
-from stub_worker import StubCluster, start_stub_cluster
+from stub_worker import FakeCharTokenizer, StubCluster, start_stub_cluster
 
 from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
 from router.config import RouterConfig
 from router.locality import InProcessLocalityIndex, engine_prompt_hasher
 from router.policies import WorkerLoad
+from router.request import InMemoryTimingSink
 
 S = grpc.StatusCode
 
@@ -39,10 +41,11 @@ def methods(cluster: StubCluster, worker_id: str) -> list[str]:
 def assert_no_load_left(cluster: StubCluster) -> None:
     tracker = cluster.lifecycle.tracker
     for worker_id in cluster.workers:
-        wait_for(
-            lambda w=worker_id: tracker.effective_load(w, WorkerLoad()) == WorkerLoad(),
-            f"{worker_id}'s local load to drop to zero",
-        )
+
+        def no_load(w: str = worker_id) -> bool:
+            return tracker.effective_load(w, WorkerLoad()) == WorkerLoad()
+
+        wait_for(no_load, f"{worker_id}'s local load to drop to zero")
 
 
 @pytest.fixture()
@@ -227,7 +230,196 @@ def test_n_sequences_on_the_disaggregated_path(disagg: StubCluster) -> None:
 def test_timings_are_recorded(colocated: StubCluster) -> None:
     responses = generate(colocated, text="hi", params=common_pb2.SamplingParams(max_tokens=4))
     sink = colocated.lifecycle.timing_sink
-    recorded = dict(sink.recent())  # type: ignore[attr-defined]
+    assert isinstance(sink, InMemoryTimingSink)
+    recorded = dict(sink.recent())
     timing = recorded[responses[0].request_id]
     assert len(timing.itl_s) == 3  # gaps between 4 chunks
     assert timing.e2e_s >= timing.ttft_s >= timing.queue_s >= 0
+
+
+# -- a stream that breaks after the first token continues on another worker --------------
+
+# Scripted stubs: token at absolute position p is the character SCRIPT[p]; the prompt "hi"
+# is 3 tokens (BOS, "h", "i"), so the output starts at SCRIPT[3].
+SCRIPT = "###one two ENDthree four five six seven eight nine ten"
+PROMPT_TOKENS = FakeCharTokenizer().encode("hi")
+
+
+def expected_output(max_tokens: int, stop: str | None = None) -> tuple[list[int], str]:
+    """Token ids and text of an uninterrupted greedy run, from the script alone."""
+    output = SCRIPT[len(PROMPT_TOKENS) : len(PROMPT_TOKENS) + max_tokens]
+    if stop is not None and stop in output:
+        output = output[: output.index(stop) + len(stop)]
+        return [ord(c) for c in output], output[: -len(stop)]
+    return [ord(c) for c in output], output
+
+
+def scripted(roles: dict[str, str]) -> StubCluster:
+    cluster = start_stub_cluster(roles)
+    for worker in cluster.workers.values():
+        worker.knobs.script = SCRIPT
+    return cluster
+
+
+@pytest.fixture()
+def scripted_disagg() -> Iterator[StubCluster]:
+    cluster = scripted({"p0": "prefill", "d0": "decode", "d1": "decode", "d2": "decode"})
+    yield cluster
+    cluster.stop()
+
+
+@dataclass
+class ClientStream:
+    token_ids: list[int]
+    text: str
+    responses: list[inference_pb2.GenerateTextResponse]
+    error: grpc.RpcError | None
+
+
+def stream(cluster: StubCluster, params: common_pb2.SamplingParams) -> ClientStream:
+    """Everything the client got, and the error that ended the stream (if any)."""
+    responses, error = [], None
+    with grpc.insecure_channel(cluster.grpc_address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        call = stub.Generate(
+            inference_pb2.GenerateTextRequest(text="hi", params=params), timeout=10
+        )
+        try:
+            responses.extend(call)
+        except grpc.RpcError as err:
+            error = err
+    ids = [t for r in responses for t in r.chunk.token_ids]
+    return ClientStream(ids, "".join(r.chunk.text for r in responses), responses, error)
+
+
+def replays(cluster: StubCluster, worker_id: str, method: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(request id, prompt) of each ``method`` call the worker got."""
+    prompts = cluster.workers[worker_id].record.prompts
+    return [(rid, prompt) for m, rid, prompt in prompts if m == method]
+
+
+def test_decode_worker_killed_mid_stream_the_request_continues_on_another(
+    scripted_disagg: StubCluster,
+) -> None:
+    cluster = scripted_disagg
+    cluster.workers["d0"].knobs.die_after_tokens = 3  # its server stops: UNAVAILABLE
+    got = stream(cluster, common_pb2.SamplingParams(max_tokens=14))
+    assert got.error is None
+    expected_ids, expected_text = expected_output(14)
+    assert got.token_ids == expected_ids  # none lost, none twice
+    assert got.text == expected_text
+    last = got.responses[-1]
+    assert (last.chunk.finish_reason, last.decode_worker) == ("length", "d1")
+    assert last.usage.completion_tokens == 14
+    # The replay: prompt + the tokens the client had (1 from prefill + up to 3 from d0).
+    ((rid, prompt),) = replays(cluster, "d1", "Decode")
+    assert rid == f"{last.request_id}+f1"
+    sent = len(prompt) - len(PROMPT_TOKENS)
+    assert 1 <= sent <= 4 and prompt == (*PROMPT_TOKENS, *expected_ids[:sent])
+    (decode_params,) = [p for p in cluster.workers["d1"].record.params]
+    assert decode_params.max_tokens == 14 - sent
+    # The dead worker is skipped from now on; the cluster keeps serving.
+    again = stream(cluster, common_pb2.SamplingParams(max_tokens=5))
+    assert (again.error, again.token_ids) == (None, expected_output(5)[0])
+    assert_no_load_left(cluster)
+
+
+def test_stop_string_across_the_break_gives_the_uninterrupted_text(
+    scripted_disagg: StubCluster,
+) -> None:
+    cluster = scripted_disagg
+    params = common_pb2.SamplingParams(max_tokens=20, stop=["END"])
+    uninterrupted = stream(cluster, params)
+    expected_ids, expected_text = expected_output(20, stop="END")
+    assert (uninterrupted.token_ids, uninterrupted.text) == (expected_ids, expected_text)
+    # Output "one two ENDthree": the first token "o" comes from the prefill worker, then the
+    # decode worker sends 8 more, up to "E", which it holds back (it may start "END"), and
+    # its stream ends without a finish. The held-back "E" must not be lost.
+    for worker_id in ("d0", "d1", "d2"):
+        cluster.workers[worker_id].knobs.die_after_tokens = 8
+        cluster.workers[worker_id].knobs.die_by_ending_stream = True
+    got = stream(cluster, params)
+    assert got.error is None
+    assert (got.token_ids, got.text) == (expected_ids, expected_text)
+    assert got.responses[-1].chunk.finish_reason == "stop"
+    # The router found the stop itself: the replay went out without stop strings, and its
+    # decode worker was told to stop (Cancel).
+    ((worker_id, rid),) = [
+        (worker_id, rid)
+        for worker_id in ("d0", "d1", "d2")
+        for rid, _ in replays(cluster, worker_id, "Decode")
+        if rid.endswith("+f1")
+    ]
+    replay_params = cluster.workers[worker_id].record.params[-1]
+    assert list(replay_params.stop) == [] and replay_params.max_tokens == 20 - 9
+    wait_for(lambda: rid in cluster.workers[worker_id].record.cancels, "Cancel of the replay")
+
+
+def test_failover_is_bounded_then_unavailable_and_the_cluster_keeps_serving(
+    scripted_disagg: StubCluster,
+) -> None:
+    cluster = scripted_disagg
+    for worker_id in ("d0", "d1", "d2"):  # each stream ends early, once
+        cluster.workers[worker_id].knobs.die_after_tokens = 2
+        cluster.workers[worker_id].knobs.die_by_ending_stream = True
+    got = stream(cluster, common_pb2.SamplingParams(max_tokens=20))
+    assert got.error is not None and got.error.code() is S.UNAVAILABLE
+    details = got.error.details()
+    assert "gave up after 2 failover(s)" in details
+    assert all(f"worker {w} ({'STREAM_ENDED'}" in details for w in ("d0", "d1", "d2"))
+    # What the client got before the error has no gap and no repeat: 3 streams x (1 + 2).
+    expected_ids, _ = expected_output(20)
+    assert got.token_ids == expected_ids[:9]
+    after = stream(cluster, common_pb2.SamplingParams(max_tokens=6))
+    assert (after.error, after.token_ids) == (None, expected_output(6)[0])
+    assert_no_load_left(cluster)
+
+
+def test_colocated_worker_killed_mid_stream_continues_on_another() -> None:
+    cluster = scripted({"w0": "colocated", "w1": "colocated"})
+    try:
+        cluster.workers["w0"].knobs.die_after_tokens = 4
+        got = stream(cluster, common_pb2.SamplingParams(max_tokens=12))
+        assert got.error is None
+        assert (got.token_ids, got.text) == expected_output(12)
+        assert got.responses[-1].prefill_worker == "w1"
+        ((rid, prompt),) = replays(cluster, "w1", "Generate")
+        assert rid.endswith("+f1") and prompt[: len(PROMPT_TOKENS)] == tuple(PROMPT_TOKENS)
+    finally:
+        cluster.stop()
+
+
+def test_without_a_router_tokenizer_only_clean_breaks_fail_over(
+    scripted_disagg: StubCluster,
+) -> None:
+    cluster = scripted_disagg
+    cluster.lifecycle.text_decoder = None
+    cluster.workers["d0"].knobs.die_after_tokens = 3
+    cluster.workers["d0"].knobs.die_by_ending_stream = True
+    clean = stream(cluster, common_pb2.SamplingParams(max_tokens=10))
+    assert clean.error is None and (clean.token_ids, clean.text) == expected_output(10)
+    # With stop strings the dead worker may have held text back: the router cannot know.
+    for worker_id in ("d0", "d1", "d2"):
+        cluster.workers[worker_id].knobs.die_after_tokens = 3
+    held = stream(cluster, common_pb2.SamplingParams(max_tokens=10, stop=["zzz"]))
+    assert held.error is not None and held.error.code() is S.UNAVAILABLE
+    assert "no tokenizer" in held.error.details()
+
+
+def test_one_of_n_sequences_fails_over_alone(scripted_disagg: StubCluster) -> None:
+    cluster = scripted_disagg
+    cluster.workers["d0"].knobs.die_after_tokens = 3  # n=2 is two requests; one hits d0
+    cluster.workers["d0"].knobs.die_by_ending_stream = True
+    got = stream(cluster, common_pb2.SamplingParams(max_tokens=10, n=2))
+    assert got.error is None
+    by_index: dict[int, list[int]] = {0: [], 1: []}
+    for r in got.responses:
+        by_index[r.chunk.index] += r.chunk.token_ids
+    expected_ids, _ = expected_output(10)
+    assert by_index == {0: expected_ids, 1: expected_ids}
+    assert got.responses[-1].usage.completion_tokens == 20
+    replayed = [rid for w in ("d1", "d2") for rid, _ in replays(cluster, w, "Decode")]
+    assert [rid for rid in replayed if "+f" in rid] in (
+        [f"{got.responses[0].request_id}.0+f1"],
+        [f"{got.responses[0].request_id}.1+f1"],
+    )

@@ -42,3 +42,24 @@ def test_options_reach_the_component_that_owns_them() -> None:
         4,
         "bfloat16",
     )
+
+
+def test_from_fields_fills_what_the_caller_left_unset() -> None:
+    assert SamplingParams.from_fields({}) == SamplingParams()
+    params = SamplingParams.from_fields({"temperature": 0.0, "stop": ["a", "b"], "seed": 0})
+    assert params == SamplingParams(temperature=0.0, stop=("a", "b"), seed=0)
+    assert isinstance(params.stop, tuple)
+
+
+def test_from_fields_default_max_tokens_applies_only_when_unset() -> None:
+    assert SamplingParams.from_fields({}, default_max_tokens=9).max_tokens == 9
+    assert SamplingParams.from_fields({"max_tokens": 3}, default_max_tokens=9).max_tokens == 3
+
+
+def test_from_fields_names_unknown_fields_and_bad_values() -> None:
+    with pytest.raises(ValueError, match=r"unknown sampling parameter\(s\) \['best_of'\]"):
+        SamplingParams.from_fields({"best_of": 2, "n": 1})
+    with pytest.raises(ValueError, match="stop must be a sequence, got str"):
+        SamplingParams.from_fields({"stop": "abc"})
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams.from_fields({"top_p": 0.0})
