@@ -20,20 +20,24 @@ GOODPUT_VS_RATE_PNG = "goodput_vs_rate.png"
 def write_plots(result: BenchResult, out_dir: Path) -> list[Path]:
     """Write the plots into ``out_dir``; returns the files written. The rate plot is only
     drawn for a sweep (more than one rate)."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ValueError(
-            "--plot-dir needs matplotlib: `.venv/bin/pip install matplotlib`"
-        ) from None
-    matplotlib.use("Agg")  # headless: no display here
-    import matplotlib.pyplot as plt
-
+    plt = load_pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [_latency_cdfs(plt, result.runs, out_dir / LATENCY_CDF_PNG)]
     if len(result.runs) > 1:
         written.append(_goodput_vs_rate(plt, result, out_dir / GOODPUT_VS_RATE_PNG))
     return written
+
+
+def load_pyplot() -> Any:
+    """matplotlib.pyplot on the headless Agg backend; ValueError when not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("plots need matplotlib: `.venv/bin/pip install matplotlib`") from None
+    matplotlib.use("Agg")  # headless: no display here
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def cdf_points(values: Sequence[float]) -> tuple[list[float], list[float]]:
