@@ -21,10 +21,17 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from decode_worker.config import DecodeConfig
+from decode_worker.convert import (
+    destination_to_proto,
+    first_token_from_proto,
+    params_from_proto,
+    step_to_chunk,
+)
 from decode_worker.reservations import Reservation, ReservationTable
 from engine.async_engine import AsyncEngine
 from engine.kv_cache import ImportReservation
 from engine.sampling_params import SamplingParams
+from engine.wire_fields import check_prompt, check_request_id
 from kv_transfer import (
     KVReceiver,
     TransferConfig,
@@ -32,18 +39,14 @@ from kv_transfer import (
     TransferStats,
     make_receiver,
 )
-from pdserve_proto import common_pb2, worker_pb2
-from prefill_worker.convert import (
+from kv_transfer.handoff import (
     KVDestination,
-    check_request_id,
-    destination_to_proto,
-    first_token_from_proto,
-    params_from_proto,
-    prompt_from_proto,
-    step_to_chunk,
+    PreconditionFailed,
+    TransferFailed,
+    TransferTimedOut,
+    await_handle,
 )
-from prefill_worker.errors import PreconditionFailed, TransferFailed, TransferTimedOut
-from prefill_worker.transfer import await_handle
+from pdserve_proto import common_pb2, worker_pb2
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,7 @@ class DecodeService:
         self, request: worker_pb2.ReserveKVRequest
     ) -> worker_pb2.ReserveKVResponse:
         request_id = check_request_id(request.request_id)
-        prompt = prompt_from_proto(request.prompt_token_ids)
+        prompt = check_prompt(request.prompt_token_ids)
         self._check_token_ids(prompt, "prompt_token_ids")
         if request_id in self.table:
             raise ValueError(f"request {request_id!r} already holds a KV reservation here")
@@ -184,14 +187,18 @@ class DecodeService:
         try:
             params, first_token = self._decode_inputs(request, reservation)
             timeout_s = request.transfer_timeout_s or self.config.default_transfer_timeout_s
+            called_s = time.monotonic()
             waited_s = await self._await_transfer(reservation, timeout_s)
             prompt = list(reservation.prompt_token_ids)
             num_tokens, started_s = 0, time.monotonic()
             stream = self.engine.decode_imported(request_id, prompt, params, first_token)
             async for out in stream:
                 opened = True
+                chunk = step_to_chunk(out)
+                if num_tokens == 0:
+                    _stamp_phase_times(chunk, called_s, reservation)
                 num_tokens += len(out.token_ids)
-                yield step_to_chunk(out)
+                yield chunk
             opened = True
             log.info(
                 "decode %s: waited %.3fs for KV, %d tokens in %.3fs",
@@ -285,3 +292,15 @@ class DecodeService:
         bad = [t for t in token_ids if t >= self._vocab_size]
         if bad:
             raise ValueError(f"{field} must be in [0, {self._vocab_size}); got {bad[:5]}")
+
+
+def _stamp_phase_times(
+    chunk: common_pb2.TokenChunk, called_s: float, reservation: Reservation
+) -> None:
+    """The decode side of a TTFT breakdown, on the first chunk: the wait for the KV, then the
+    first step (admission included) from when both the Decode call and the KV were in."""
+    handle = reservation.handle
+    landed_s = handle.ended_at_s if handle is not None else None
+    ready_s = max(called_s, landed_s or called_s)
+    chunk.phase_times.kv_wait_s = ready_s - called_s
+    chunk.phase_times.first_step_s = time.monotonic() - ready_s

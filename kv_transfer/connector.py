@@ -93,6 +93,11 @@ class TransferHandle:
         end = self._end_s if self._end_s is not None else time.monotonic()
         return end - self._start_s
 
+    @property
+    def ended_at_s(self) -> float | None:
+        """``time.monotonic()`` when the handle ended (DONE or FAILED); None while open."""
+        return self._end_s
+
     def wait(self, timeout_s: float | None = None) -> TransferState:
         """Block until DONE or FAILED or ``timeout_s`` passes; return the state then."""
         with self._cond:

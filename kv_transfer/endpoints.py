@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -79,7 +80,11 @@ class SenderBase:
         return handle
 
     def stats(self) -> TransferStats:
-        return self._counters.snapshot()
+        # Count unfinished handles, not ``_live`` (a handle leaves it just after it ends): a
+        # nonzero count then means the transfer was still running when it was read.
+        with self._lock:
+            in_flight = sum(not handle.finished for handle in self._live)
+        return replace(self._counters.snapshot(), transfers_in_flight=in_flight)
 
     def close(self) -> None:
         with self._lock:
@@ -188,7 +193,7 @@ class ReceiverBase:
         return self.table.add(transfer_id, ids)
 
     def stats(self) -> TransferStats:
-        return self._counters.snapshot()
+        return replace(self._counters.snapshot(), transfers_in_flight=len(self.table))
 
     def close(self) -> None:
         self.table.close()

@@ -16,6 +16,7 @@ class TransferStats:
     transfers_failed: int = 0
     transfer_seconds: float = 0.0  # summed over finished transfers
     bytes_saved_int8: int = 0  # versus sending the same blocks in the pool dtype
+    transfers_in_flight: int = 0  # a gauge: open now (PENDING or TRANSFERRING)
 
 
 class TransferCounters:

@@ -54,20 +54,22 @@ class PrefillEvent(_message.Message):
     def __init__(self, first_token: _Optional[_Union[_common_pb2.TokenChunk, _Mapping]] = ..., transfer: _Optional[_Union[TransferReport, _Mapping]] = ...) -> None: ...
 
 class TransferReport(_message.Message):
-    __slots__ = ("ok", "error", "bytes", "seconds", "blocks_sent", "blocks_skipped")
+    __slots__ = ("ok", "error", "bytes", "seconds", "blocks_sent", "blocks_skipped", "since_first_token_s")
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_SENT_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIRST_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     error: str
     bytes: int
     seconds: float
     blocks_sent: int
     blocks_skipped: int
-    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., blocks_sent: _Optional[int] = ..., blocks_skipped: _Optional[int] = ...) -> None: ...
+    since_first_token_s: float
+    def __init__(self, ok: _Optional[bool] = ..., error: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., blocks_sent: _Optional[int] = ..., blocks_skipped: _Optional[int] = ..., since_first_token_s: _Optional[float] = ...) -> None: ...
 
 class ReserveKVRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids")
@@ -116,7 +118,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "role", "waiting", "running", "free_blocks", "cached_blocks", "total_blocks", "prefix_hit_tokens", "prompt_tokens", "generated_tokens", "transfer_bytes", "transfers_ok", "transfers_failed", "recompute_fallbacks", "epoch")
+    __slots__ = ("worker_id", "role", "waiting", "running", "free_blocks", "cached_blocks", "total_blocks", "prefix_hit_tokens", "prompt_tokens", "generated_tokens", "transfer_bytes", "transfers_ok", "transfers_failed", "recompute_fallbacks", "epoch", "transfers_in_flight")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +134,7 @@ class WorkerStats(_message.Message):
     TRANSFERS_FAILED_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTE_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     waiting: int
@@ -147,4 +150,5 @@ class WorkerStats(_message.Message):
     transfers_failed: int
     recompute_fallbacks: int
     epoch: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., transfers_ok: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., recompute_fallbacks: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    transfers_in_flight: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., transfers_ok: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., recompute_fallbacks: _Optional[int] = ..., epoch: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ...) -> None: ...

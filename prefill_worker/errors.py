@@ -1,5 +1,6 @@
-"""Errors the worker handlers raise, by what the caller can do about them, and the one
-place that maps them to gRPC status codes (the router acts on the code).
+"""The one place that maps the worker handlers' errors to gRPC status codes (the router acts
+on the code). Both worker roles raise them; they live in ``kv_transfer.handoff`` so that
+neither role imports the other, and are re-exported here.
 
 Bad caller input is a plain ``ValueError`` (INVALID_ARGUMENT).
 """
@@ -8,26 +9,22 @@ from __future__ import annotations
 
 import grpc
 
+from kv_transfer.handoff import (
+    HandoffError,
+    PreconditionFailed,
+    RequestCancelled,
+    TransferFailed,
+    TransferTimedOut,
+)
 
-class WorkerError(Exception):
-    """Base of the worker's own failures (not bad input)."""
-
-
-class PreconditionFailed(WorkerError):
-    """The call does not fit this worker's state or role (FAILED_PRECONDITION): e.g. a
-    Decode without a live reservation, or a Prefill for another KV backend."""
-
-
-class RequestCancelled(WorkerError):
-    """The request was cancelled (a Cancel RPC) while the call was waiting (CANCELLED)."""
-
-
-class TransferFailed(WorkerError):
-    """The KV transfer ended FAILED (ABORTED): the prompt must be sent again or recomputed."""
-
-
-class TransferTimedOut(WorkerError):
-    """The KV transfer did not finish in the time the caller allowed (UNAVAILABLE)."""
+__all__ = [
+    "HandoffError",
+    "PreconditionFailed",
+    "RequestCancelled",
+    "TransferFailed",
+    "TransferTimedOut",
+    "status_for",
+]
 
 
 _STATUS: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (

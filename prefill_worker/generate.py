@@ -33,11 +33,12 @@ class GenerateService:
         started_s = time.monotonic()
         num_tokens = 0
         reasons: list[str] = []
+        clock = _PhaseClock(started_s)
         async for out in self.engine.generate(request_id, prompt, params):
             num_tokens += len(out.token_ids)
             if out.finish_reason is not None:
                 reasons.append(out.finish_reason)
-            yield step_to_chunk(out)
+            yield clock.stamp(step_to_chunk(out))
         log.info(
             "generate %s: %d prompt tokens, %d generated in %.3fs, finish %s",
             request_id,
@@ -46,3 +47,22 @@ class GenerateService:
             time.monotonic() - started_s,
             ",".join(reasons),
         )
+
+
+class _PhaseClock:
+    """Puts a TTFT breakdown on a Generate stream: ``prefill_s`` on its first chunk,
+    ``first_step_s`` (the step after the prefill) on its second."""
+
+    def __init__(self, started_s: float) -> None:
+        self._last_s = started_s
+        self._chunks = 0
+
+    def stamp(self, chunk: common_pb2.TokenChunk) -> common_pb2.TokenChunk:
+        now_s = time.monotonic()
+        if self._chunks == 0:
+            chunk.phase_times.prefill_s = now_s - self._last_s
+        elif self._chunks == 1:
+            chunk.phase_times.first_step_s = now_s - self._last_s
+        self._chunks += 1
+        self._last_s = now_s
+        return chunk

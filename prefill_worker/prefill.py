@@ -64,15 +64,18 @@ class PrefillService:
         first = await self.engine.prefill(request_id, prompt, params)
         if first.finish_reason == "abort":
             raise RequestCancelled(f"prefill {request_id!r} was cancelled before its first token")
-        ttft_s = time.monotonic() - started_s
+        first_s = time.monotonic()
+        ttft_s = first_s - started_s
         self._active.add(request_id)
         released = False
         try:
-            yield worker_pb2.PrefillEvent(first_token=step_to_chunk(first))
+            chunk = step_to_chunk(first)
+            chunk.phase_times.prefill_s = ttft_s
+            yield worker_pb2.PrefillEvent(first_token=chunk)
             if first.finished:  # nothing left to decode: the KV is not needed elsewhere
                 report = worker_pb2.TransferReport(ok=True)
             else:
-                report = await self._send(request_id, dest)
+                report = await self._send(request_id, dest, first_s)
             await self.engine.release(request_id)
             released = True
             self._log(request_id, len(prompt), ttft_s, report)
@@ -119,7 +122,9 @@ class PrefillService:
             )
         return dest
 
-    async def _send(self, request_id: str, dest: KVDestination) -> worker_pb2.TransferReport:
+    async def _send(
+        self, request_id: str, dest: KVDestination, first_s: float
+    ) -> worker_pb2.TransferReport:
         try:
             plan = plan_transfer(await self.engine.block_table(request_id), dest)
         except ValueError as exc:  # tables disagree, or a Cancel freed the KV already
@@ -135,7 +140,9 @@ class PrefillService:
         self._sending[request_id] = handle
         await await_handle(handle, self._wait_s)
         self._sending.pop(request_id, None)
-        return report_for(plan, handle, self._wait_s)
+        report = report_for(plan, handle, self._wait_s)
+        report.since_first_token_s = (handle.ended_at_s or time.monotonic()) - first_s
+        return report
 
     async def _release_when_done(self, request_id: str) -> None:
         """The caller went away: free the held KV once the sender no longer reads it."""

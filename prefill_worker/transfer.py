@@ -1,4 +1,6 @@
-"""Sending a prompt's KV to its decode worker: which blocks go where, and waiting on it.
+"""Sending a prompt's KV to its decode worker: which blocks go where, and its report.
+
+(Waiting on a transfer, ``await_handle``, is shared with the decode role: kv_transfer.handoff.)
 
 A prompt of 5 blocks, of which the decode worker already caches the first 2::
 
@@ -13,18 +15,14 @@ never read by the receiver, which writes the first token's KV there next).
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kv_transfer import TransferHandle, TransferState
+from kv_transfer.handoff import KVDestination, await_handle
 from pdserve_proto import worker_pb2
-from prefill_worker.convert import KVDestination
-from prefill_worker.errors import RequestCancelled
 
-_POLL_MIN_S = 0.0005
-_POLL_MAX_S = 0.002
+__all__ = ["TransferPlan", "await_handle", "plan_transfer", "report_for"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,25 +59,6 @@ def plan_transfer(block_table: Sequence[int], dest: KVDestination) -> TransferPl
         blocks_skipped=start,
         peer=dest.agent_metadata,
     )
-
-
-async def await_handle(
-    handle: TransferHandle, timeout_s: float, cancelled: asyncio.Event | None = None
-) -> TransferState:
-    """Wait (without blocking the event loop) until the transfer ends or ``timeout_s``
-    passes; returns the state then. RequestCancelled once ``cancelled`` is set.
-
-    Polls with a short sleep instead of parking a thread per transfer: thousands of
-    waiting requests cost no threads, and the added latency stays under 2 ms.
-    """
-    deadline_s = time.monotonic() + timeout_s
-    delay_s = _POLL_MIN_S
-    while not handle.finished and time.monotonic() < deadline_s:
-        if cancelled is not None and cancelled.is_set():
-            raise RequestCancelled(f"cancelled while waiting for transfer {handle.transfer_id!r}")
-        await asyncio.sleep(delay_s)
-        delay_s = min(delay_s * 2, _POLL_MAX_S)
-    return handle.state
 
 
 def report_for(

@@ -2,7 +2,8 @@
 
 "Mid-transfer" is made real with the prefill worker's injected sender pause (after the
 first block): the decode worker is killed while the rest of the blocks wait to be sent.
-Freed blocks are checked through GetStats: free_blocks back to the pool size.
+Freed blocks are checked through GetStats: free_blocks back to the pool size; whether a
+transfer is open, through its transfers_in_flight (tests wait on that state, not on sleeps).
 """
 
 from __future__ import annotations
@@ -123,30 +124,52 @@ def test_decode_worker_killed_mid_transfer(
     assert prefill.stats().transfers_failed >= 1
 
 
-@pytest.mark.skip(
-    reason="flaky in the full suite: the 0.5 s probe sometimes lands after the paused "
-    "transfer already ended (free_blocks == total is then correct); needs a transfer-state "
-    "probe instead of a sleep"
-)
+def _held_while_in_flight(worker: WorkerProc, timeout_s: float) -> tuple[int, bool]:
+    """Poll GetStats until no transfer is open; returns (snapshots taken while one was open,
+    whether every one of them still showed source blocks held).
+
+    One GetStats answer is a consistent snapshot for this purpose: the worker reads its
+    transfer count before it asks the engine for free blocks, and it frees a transfer's
+    source blocks only after the transfer has ended.
+    """
+    seen_open, held = 0, True
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        stats = worker.stats()
+        if stats.transfers_in_flight == 0:
+            return seen_open, held
+        seen_open += 1
+        held = held and stats.free_blocks < stats.total_blocks
+        time.sleep(0.05)
+    raise AssertionError(f"{worker.name}: a transfer was still open after {timeout_s}s")
+
+
 def test_prefill_caller_gone_mid_transfer_still_delivers_then_frees(
     workers: dict[str, WorkerProc], prompt: list[int]
 ) -> None:
     prefill, decode = workers["prefill-slow"], workers["decode-short"]
+    assert wait_for(lambda: _all_free(prefill), FREED_WITHIN_S)
     destination = _reserve(decode, "gone-1", prompt)
     request = worker_pb2.PrefillRequest(
         request_id="gone-1", prompt_token_ids=prompt, params=greedy(8), destination=destination
     )
     events = prefill.stub.Prefill(request, timeout=120)
     first = next(events).first_token
-    events.cancel()  # the router went away; the transfer goes on, then the KV is released
-    # Sequencing: the worker sees the cancellation well within the sender's PAUSE_S pause,
-    # and the source blocks must stay held until the transfer has ended.
-    time.sleep(0.5)
-    assert prefill.stats().free_blocks < NUM_BLOCKS, "KV released while still being sent"
-    chunks = list(decode.stub.Decode(_decode_request("gone-1", prompt, first, 30.0), timeout=60))
+    decode_request = _decode_request("gone-1", prompt, first, 30.0)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # Decode claims the reservation at once (as the router does), before it can expire.
+        decoding = pool.submit(lambda: list(decode.stub.Decode(decode_request, timeout=60)))
+        # Sequencing by state, not by sleeping: the caller leaves only once the worker reports
+        # the transfer open (its sender pauses PAUSE_S after the first block).
+        assert wait_for(lambda: prefill.stats().transfers_in_flight == 1, TRANSFER_TIMEOUT_S)
+        events.cancel()  # the router went away; the transfer goes on, then the KV is released
+        seen_open, held = _held_while_in_flight(prefill, FREED_WITHIN_S)
+        chunks = decoding.result()
+    assert seen_open > 0 and held, f"KV released while still being sent ({seen_open} probes)"
     assert sum(len(c.token_ids) for c in chunks) == 15 and chunks[-1].finish_reason == "length"
     assert wait_for(lambda: _all_free(prefill), FREED_WITHIN_S)
     assert wait_for(lambda: _all_free(decode), FREED_WITHIN_S)
+    assert prefill.stats().transfers_ok >= 1
 
 
 def test_unclaimed_reservation_expires_and_frees_its_blocks(

@@ -6,30 +6,35 @@ the reservation table, proto conversion, the error -> status mapping, handle wai
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import threading
+from pathlib import Path
 
 import grpc
 import pytest
 
+from decode_worker import convert as decode_convert
 from decode_worker.reservations import Reservation, ReservationTable
+from engine.outputs import StepOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
+from engine.wire_fields import check_prompt, check_request_id
 from kv_transfer import TransferHandle, TransferState
-from pdserve_proto import common_pb2, worker_pb2
-from prefill_worker.convert import (
+from kv_transfer.handoff import (
     KVDestination,
-    destination_from_proto,
-    first_token_from_proto,
-    params_from_proto,
-)
-from prefill_worker.errors import (
     PreconditionFailed,
     RequestCancelled,
     TransferFailed,
     TransferTimedOut,
-    status_for,
+    await_handle,
 )
-from prefill_worker.transfer import await_handle, plan_transfer
+from pdserve_proto import common_pb2, worker_pb2
+from prefill_worker.convert import destination_from_proto, params_from_proto, step_to_chunk
+from prefill_worker.errors import status_for
+from prefill_worker.transfer import plan_transfer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+first_token_from_proto = decode_convert.first_token_from_proto
 
 
 def _dest(block_ids: tuple[int, ...], present: int) -> KVDestination:
@@ -122,3 +127,62 @@ def test_await_handle_returns_done_times_out_or_is_cancelled() -> None:
             await await_handle(TransferHandle("t-cancel"), 5.0, cancelled)
 
     asyncio.run(scenario())
+
+
+def test_both_roles_read_sampling_params_alike() -> None:
+    msg = common_pb2.SamplingParams(temperature=0.0, top_k=5, stop_token_ids=[7], logprobs=0)
+    params = params_from_proto(msg)
+    assert decode_convert.params_from_proto(msg) == params
+    assert (params.temperature, params.top_k, params.stop_token_ids, params.logprobs) == (
+        0.0,
+        5,
+        (7,),
+        0,
+    )
+    assert params.max_tokens == SamplingParams().max_tokens  # unset: the engine default
+
+
+def test_step_output_becomes_a_token_chunk() -> None:
+    lp = TokenLogprob(token_id=5, logprob=-0.25, top=((5, -0.25), (9, -2.0)))
+    running = StepOutput("r", 1, (5,), "hi", (lp,), None)
+    chunk = step_to_chunk(running)
+    assert decode_convert.step_to_chunk(running) == chunk
+    assert (chunk.index, list(chunk.token_ids), chunk.text, chunk.finish_reason) == (
+        1,
+        [5],
+        "hi",
+        "",
+    )
+    (wire_lp,) = chunk.logprobs
+    assert (wire_lp.token_id, wire_lp.logprob) == (5, -0.25)
+    assert (list(wire_lp.top_token_ids), list(wire_lp.top_logprobs)) == ([5, 9], [-0.25, -2.0])
+    assert step_to_chunk(StepOutput("r", 0, (), "", (), "stop")).finish_reason == "stop"
+
+
+def test_destination_round_trips_between_the_roles() -> None:
+    dest = _dest((3, 4, 5), 1)
+    assert destination_from_proto(decode_convert.destination_to_proto(dest)) == dest
+
+
+def test_request_id_and_prompt_are_checked_at_the_edge() -> None:
+    assert check_request_id("req-1") == "req-1"
+    for bad in ("", "x" * 201, "tab\there"):
+        with pytest.raises(ValueError, match=r"request_id must be 1\.\.200 printable"):
+            check_request_id(bad)
+    assert check_prompt((1, 2)) == [1, 2]
+    with pytest.raises(ValueError, match="prompt_token_ids is empty"):
+        check_prompt(())
+
+
+def test_decode_worker_imports_nothing_of_the_prefill_worker() -> None:
+    """Design rule: decode_worker may import engine, kv_transfer and proto only."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "decode_worker").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "prefill_worker"]
+    assert not offenders, offenders
