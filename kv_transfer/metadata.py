@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kv_transfer.layout import KVPoolLayout
+from kv_transfer.wire import VERSION as WIRE_VERSION
 
 _MAGIC = b"PDKM"
 _PREFIX = struct.Struct("<4sI")
@@ -33,6 +34,9 @@ def encode_peer(info: PeerInfo) -> bytes:
         "layout": info.layout.to_json(),
         "int8": info.int8,
         "fields": info.fields,
+        # Checked before any byte moves: an int8 record's size depends on the wire version,
+        # and a NIXL sender sizes the receiver's staging slots by its own.
+        "wire_version": WIRE_VERSION,
     }
     text = json.dumps(doc, sort_keys=True).encode()
     return _PREFIX.pack(_MAGIC, len(text)) + text + info.blob
@@ -50,6 +54,12 @@ def decode_peer(data: bytes, backend: str) -> PeerInfo:
     if doc["backend"] != backend:
         raise ValueError(
             f"peer metadata is for the {doc['backend']!r} backend, this sender is {backend!r}"
+        )
+    peer_version = doc.get("wire_version", 1)  # builds before version 2 did not say
+    if peer_version != WIRE_VERSION:
+        raise ValueError(
+            f"peer receiver speaks KV wire version {peer_version}, this sender speaks "
+            f"{WIRE_VERSION}; run the same pdserve build on prefill and decode workers"
         )
     layout = KVPoolLayout.from_json(doc["layout"])
     return PeerInfo(doc["backend"], layout, bool(doc["int8"]), doc["fields"], data[end:])

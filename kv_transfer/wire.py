@@ -4,7 +4,7 @@
 
     header (little-endian)
       0  magic        4s   b"PDKV"
-      4  version      u16  1
+      4  version      u16  2 (1 is refused: see RETIRED_VERSIONS)
       6  flags        u16  bit 0: int8 records (see quant.py)
       8  dtype        u8   pool dtype code (layout.DTYPE_CODES)
       9  reserved     u8   0
@@ -20,7 +20,10 @@
     records, n of them, each one contiguous byte range
       plain: block bytes in the pool dtype, [num_layers, 2, block_size, heads, head_dim]
              i.e. per layer, K then V (the pool's own block layout)
-      int8:  scales f32 [num_layers, 2], then int8 values [num_layers, 2, block_size, ...]
+      int8:  k_scales bf16 [num_layers, num_kv_heads, head_dim]   (per channel, over tokens)
+             v_scales bf16 [num_layers, block_size, num_kv_heads] (per token, over channels)
+             values   int8 [num_layers, 2, block_size, num_kv_heads, head_dim]
+             (quant.py has the scheme and its error bound)
 
 The TCP backend streams header + records. The NIXL backend writes the records straight into
 the receiver's memory and sends the header as the completion notification. Either way the
@@ -40,7 +43,12 @@ from kv_transfer import quant
 from kv_transfer.layout import DTYPE_CODES, DTYPE_NAMES, DTYPES_BY_CODE, KVPoolLayout
 
 MAGIC = b"PDKV"
-VERSION = 1
+VERSION = 2
+# Versions this side once spoke and now refuses, with why (a sender from an older build).
+RETIRED_VERSIONS: dict[int, str] = {
+    1: "its int8 records carry one f32 scale per (block, layer, K/V); version 2 sends bf16 "
+    "scales per K channel and per V token, so the record sizes differ",
+}
 FLAG_INT8 = 1
 _FIXED = struct.Struct("<4sHHBBHIIIII")
 _CRC = struct.Struct("<I")
@@ -157,6 +165,11 @@ def header_length(prefix: bytes) -> int:
     magic, version, _, _, _, id_len, *_, n = _FIXED.unpack_from(prefix)
     if magic != MAGIC:
         raise WireFormatError(f"corrupt header: magic {magic!r}, expected {MAGIC!r}")
+    if version in RETIRED_VERSIONS:
+        raise WireFormatError(
+            f"sender speaks retired wire version {version}, this receiver speaks {VERSION}: "
+            f"{RETIRED_VERSIONS[version]}; run the same pdserve build on prefill and decode"
+        )
     if version != VERSION:
         raise WireFormatError(f"unsupported wire version {version}; this side speaks {VERSION}")
     if not 0 < id_len <= MAX_TRANSFER_ID_BYTES or not 0 < n <= MAX_BLOCKS_PER_TRANSFER:

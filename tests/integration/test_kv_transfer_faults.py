@@ -10,6 +10,7 @@ import dataclasses
 import socket
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -219,6 +220,23 @@ def test_tcp_receiver_rejects_corrupt_and_short_frames() -> None:
         assert "short frame" in (handle.error or "") and "after 2 of 4 blocks" in rejection
         unexpected = _inject_tcp(receiver, _header(_tid()).encode())
         assert "no expect() for transfer" in unexpected
+        assert receiver.stats().transfers_ok == 0
+    finally:
+        receiver.close()
+
+
+def test_tcp_receiver_refuses_a_sender_of_the_retired_int8_wire_version() -> None:
+    # Wire version 1 had another int8 record size, so its records cannot be parsed at all.
+    receiver = TcpReceiver(TransferConfig(timeout_s=2.0, io_timeout_s=2.0, int8=True))
+    receiver.register_pool(make_pool(LAYOUT, None))
+    try:
+        tid = _tid()
+        wire = bytearray(_header(tid, int8=True).encode()[:-4])
+        wire[4:6] = (1).to_bytes(2, "little")  # a version-1 sender, with a valid crc32
+        v1 = bytes(wire) + zlib.crc32(wire).to_bytes(4, "little")
+        rejection = _inject_tcp(receiver, v1, b"\x00" * 100)
+        assert "retired wire version 1, this receiver speaks 2" in rejection, rejection
+        assert "one f32 scale per (block, layer, K/V)" in rejection
         assert receiver.stats().transfers_ok == 0
     finally:
         receiver.close()
