@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.attention import get_backend
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheManager, make_extra_keys, num_blocks_for_budget
 from engine.model.config import ModelConfig
@@ -74,7 +75,8 @@ def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) 
         enable_prefix_caching=config.cache.enable_prefix_caching,
         extra_keys=make_extra_keys(source.model_id),
     )
-    runner = ModelRunner(model_config, model, kv_cache, block_size)
+    backend = get_backend(config.attention_backend, "cpu")
+    runner = ModelRunner(model_config, model, kv_cache, block_size, attention_backend=backend)
     max_model_len = min(model_config.max_context_tokens, config.max_model_len or 1 << 62)
     log.info(
         "loaded %s (%s, %d layers) in %.1fs; KV pool %d blocks x %d tokens = %.2f GiB",

@@ -51,6 +51,7 @@ class AttentionMetadata:
     context_lens: tuple[int, ...]  # [num_chunks], start_pos + num_tokens
     block_tables: tuple[tuple[int, ...], ...]  # trimmed to the blocks the context uses
     slot_mapping: torch.Tensor  # [num_tokens] int64: where each new token's K/V is written
+    write_rows: torch.Tensor  # [2, num_tokens] int64: layer-0 pool rows (see pool_write_rows)
     backend: AttentionBackend
     backend_data: object
 
@@ -118,6 +119,30 @@ def layout_chunks(chunks: Sequence[ChunkLike], block_size: int) -> StepLayout:
         start_positions=tuple(c.start_pos for c in chunks),
         context_lens=tuple(context_lens),
         block_tables=tuple(tables),
+    )
+
+
+def step_metadata(
+    layout: StepLayout,
+    block_size: int,
+    num_layers: int,
+    device: torch.device,
+    backend: AttentionBackend,
+    backend_data: object,
+) -> AttentionMetadata:
+    """The metadata every backend shares (slots and K/V write rows) around ``backend_data``."""
+    slots = torch.tensor(slot_mapping(layout, block_size), dtype=torch.int64, device=device)
+    return AttentionMetadata(
+        num_tokens=layout.num_tokens,
+        block_size=block_size,
+        query_start_loc=layout.query_start_loc,
+        start_positions=layout.start_positions,
+        context_lens=layout.context_lens,
+        block_tables=layout.block_tables,
+        slot_mapping=slots,
+        write_rows=pool_write_rows(slots, block_size, num_layers),
+        backend=backend,
+        backend_data=backend_data,
     )
 
 

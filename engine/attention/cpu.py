@@ -1,4 +1,4 @@
-"""Paged attention on CPU with torch SDPA.
+"""Paged attention on CPU: torch SDPA for prefill chunks, a native kernel (or SDPA) for decode.
 
 Two views of the pool make every index a single integer row (no per-layer slicing):
 
@@ -10,20 +10,22 @@ Two views of the pool make every index a single integer row (no per-layer slicin
 Rows are precomputed for layer 0 once per step (``cpu_plan.py``); layer ``l`` adds
 ``2 * l * block_size`` (write) or ``2 * l`` (gather).
 
-Decode tokens (one-token chunks) are attended in groups of sequences, one gather and one
-SDPA call per group; the strategy sets the group size:
+Decode tokens (one-token chunks) take one of these strategies:
 
+* ``native``: the C kernel of ``paged_decode.c`` reads each K/V row once, in place in the pool
+  (no gather, no padding); the default when it builds (``engine/attention/native.py``);
+* ``grouped``: length-sorted groups of at most ``group_tokens`` gathered key positions, one
+  gather and one SDPA call per group, so a group's gather buffer is still in cache when SDPA
+  reads it (the best pure-torch strategy measured);
 * ``padded``: one group: every decode sequence padded to the longest, with a length mask;
-* ``per_seq``: one sequence per group, no padding and no mask;
-* ``grouped``: length-sorted groups of at most ``group_tokens`` gathered key positions, so a
-  group's gather buffer is still in cache when SDPA reads it (the measured winner).
+* ``per_seq``: one sequence per group, no padding and no mask.
 
 Gathers write into one reused scratch buffer: a fresh multi-megabyte tensor per layer costs
 more in page faults than the copy itself.
 
-Chunks of several tokens (prefill) run per sequence; a chunk starting at position 0 attends
-to its own fresh K/V with ``is_causal`` (no gather), a later chunk gathers the cached prefix
-and uses an explicit bottom-right causal mask.
+Chunks of several tokens (prefill) run per sequence with torch's flash kernel; a chunk
+starting at position 0 attends to its own fresh K/V with ``is_causal`` (no gather), a later
+chunk gathers only the cached prefix and merges two unmasked calls (``cpu_prefill.py``).
 """
 
 from __future__ import annotations
@@ -33,36 +35,34 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.attention.base import (
-    AttentionMetadata,
-    StepLayout,
-    pool_write_rows,
-    slot_mapping,
-    write_kv,
-)
+from engine.attention.base import AttentionMetadata, StepLayout, step_metadata, write_kv
 from engine.attention.cpu_plan import (
     DecodeGroup,
     DecodePlan,
+    NativeDecodePlan,
     PrefillPlan,
     plan_decodes,
+    plan_native_decodes,
     plan_prefills,
 )
+from engine.attention.cpu_prefill import attend_after_prefix, attend_fresh
+from engine.attention.native import PagedDecodeKernel, load_paged_decode
 
-DECODE_STRATEGIES = ("grouped", "padded", "per_seq")
+DECODE_STRATEGIES = ("native", "grouped", "padded", "per_seq")
 DEFAULT_GROUP_TOKENS = 2048
 
 
 @dataclass(slots=True, frozen=True)
 class _CpuStepData:
-    write_rows: torch.Tensor  # [2, T] layer-0 write rows (K row, V row)
-    decode: DecodePlan | None
+    decode: DecodePlan | NativeDecodePlan | None
     prefills: tuple[PrefillPlan, ...]
 
 
 class CpuAttentionBackend:
-    """torch SDPA over gathered blocks; see the module docstring for the strategies.
+    """Paged attention on CPU; see the module docstring for the decode strategies.
 
-    Holds a scratch buffer: give each runner its own backend instance.
+    ``native`` raises ValueError when its kernel cannot be built (the registry's ``cpu``
+    picks it only when it builds). Holds a scratch buffer: one backend per runner.
     """
 
     def __init__(
@@ -74,33 +74,32 @@ class CpuAttentionBackend:
             )
         if group_tokens < 1:
             raise ValueError(f"group_tokens must be >= 1, got {group_tokens}")
+        self._kernel: PagedDecodeKernel | None = None
+        if decode_strategy == "native":
+            self._kernel = load_paged_decode()
+            if self._kernel is None:
+                raise ValueError(
+                    "the native paged decode kernel could not be built (see the warning "
+                    "logged above); use attention backend 'cpu-grouped'"
+                )
         self.decode_strategy = decode_strategy
         self.name = f"cpu-{decode_strategy}".replace("_", "-")
         budgets = {"grouped": float(group_tokens), "padded": float("inf"), "per_seq": 0.0}
-        self._group_budget_tokens = budgets[decode_strategy]
+        self._group_budget_tokens = budgets.get(decode_strategy, 0.0)
         self._scratch: torch.Tensor | None = None
 
     def build_metadata(
         self, layout: StepLayout, block_size: int, num_layers: int, device: torch.device
     ) -> AttentionMetadata:
-        slots = torch.tensor(slot_mapping(layout, block_size), dtype=torch.int64, device=device)
-        decode = plan_decodes(layout, block_size, num_layers, self._group_budget_tokens, device)
-        data = _CpuStepData(
-            write_rows=pool_write_rows(slots, block_size, num_layers),
-            decode=decode,
-            prefills=plan_prefills(layout, num_layers, device),
-        )
-        return AttentionMetadata(
-            num_tokens=layout.num_tokens,
-            block_size=block_size,
-            query_start_loc=layout.query_start_loc,
-            start_positions=layout.start_positions,
-            context_lens=layout.context_lens,
-            block_tables=layout.block_tables,
-            slot_mapping=slots,
-            backend=self,
-            backend_data=data,
-        )
+        decode: DecodePlan | NativeDecodePlan | None
+        if self._kernel is not None:
+            decode = plan_native_decodes(layout, device)
+        else:
+            budget = self._group_budget_tokens
+            decode = plan_decodes(layout, block_size, num_layers, budget, device)
+        prefills = plan_prefills(layout, block_size, num_layers, device)
+        data = _CpuStepData(decode=decode, prefills=prefills)
+        return step_metadata(layout, block_size, num_layers, device, self, data)
 
     def forward(
         self,
@@ -113,17 +112,19 @@ class CpuAttentionBackend:
     ) -> torch.Tensor:
         data = attn.backend_data
         assert isinstance(data, _CpuStepData), f"metadata built by {attn.backend.name}"
-        write_kv(kv_cache, layer_idx, data.write_rows, k, v)
+        write_kv(kv_cache, layer_idx, attn.write_rows, k, v)
         block_size, kv_heads, head_dim = kv_cache.shape[3:]
         gather_view = kv_cache.view(-1, block_size, kv_heads, head_dim)
         row_offset = 2 * layer_idx
         decode = data.decode
-        if decode is not None and not data.prefills and decode.token_rows is None:
+        if isinstance(decode, DecodePlan) and not data.prefills and decode.token_rows is None:
             return self._decode(q, gather_view, decode, row_offset)  # [B, H * D]
         if decode is None and len(data.prefills) == 1:  # one prefill chunk: the whole batch
             return self._prefill(q, k, v, gather_view, data.prefills[0], row_offset)
         out = q.new_empty(q.shape[0], q.shape[1] * head_dim)  # [T, H * D]
-        if decode is not None:
+        if isinstance(decode, NativeDecodePlan):
+            self._native_decode(q, kv_cache, decode, layer_idx, out)
+        elif decode is not None:
             decoded = self._decode(q, gather_view, decode, row_offset)
             if decode.token_rows is None:
                 out[: decode.num_seqs] = decoded
@@ -133,6 +134,20 @@ class CpuAttentionBackend:
             span = slice(chunk.token_start, chunk.token_end)
             out[span] = self._prefill(q[span], k[span], v[span], gather_view, chunk, row_offset)
         return out
+
+    def _native_decode(
+        self,
+        q: torch.Tensor,  # [T, H, D]
+        kv_cache: torch.Tensor,
+        plan: NativeDecodePlan,
+        layer_idx: int,
+        out: torch.Tensor,  # [T, H * D]: the decode rows are written
+    ) -> None:
+        assert self._kernel is not None, "native decode plan without the kernel"
+        assert plan.max_block_id < kv_cache.shape[0], (
+            f"block {plan.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
+        )
+        self._kernel(q, kv_cache, plan.tables, plan.lens, plan.q_rows, layer_idx, out)
 
     def _gather(self, gather_view: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """``gather_view[rows]`` into the reused scratch buffer: ``[len(rows), bs, KVH, D]``."""
@@ -188,22 +203,13 @@ class CpuAttentionBackend:
         chunk: PrefillPlan,
         row_offset: int,
     ) -> torch.Tensor:
-        # SDPA's CPU flash kernel takes 4-D inputs only; 3-D ones fall back to the math path,
-        # measured 8-20x slower for 512-2048-token chunks. Hence the leading batch dim of 1.
-        q_heads = q.transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
         if chunk.gather_rows is None:
-            keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(
-                q_heads, keys, values, is_causal=True, enable_gqa=True
-            )  # [1, H, n, D]
-        else:
-            kv_heads, head_dim = gather_view.shape[2], gather_view.shape[3]
-            kv = self._gather(gather_view, chunk.gather_rows + row_offset)
-            kv = kv.view(2, -1, kv_heads, head_dim)[:, : chunk.context_len].transpose(1, 2)
-            out = F.scaled_dot_product_attention(
-                q_heads, kv[0:1], kv[1:2], attn_mask=chunk.mask, enable_gqa=True
-            )  # [1, H, n, D]
-        return out[0].transpose(0, 1).reshape(q.shape[0], -1)  # [n, H * D]
+            return attend_fresh(q, k, v)  # [n, H * D]
+        kv_heads, head_dim = gather_view.shape[2], gather_view.shape[3]
+        kv = self._gather(gather_view, chunk.gather_rows + row_offset)
+        # [2 * blocks, bs, KVH, D] -> [2, KVH, prefix_len, D] (a view of the scratch)
+        kv = kv.view(2, -1, kv_heads, head_dim)[:, : chunk.prefix_len].transpose(1, 2)
+        return attend_after_prefix(q, k, v, kv[0], kv[1])  # [n, H * D]
 
 
 def _attend_unmasked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -44,14 +44,44 @@ class DecodePlan:
 
 
 @dataclass(slots=True, frozen=True)
+class NativeDecodePlan:
+    """All one-token chunks of a step, for the native kernel (``engine/attention/native.py``)."""
+
+    num_seqs: int
+    tables: torch.Tensor  # [num_seqs, width] int32 block ids; the tail past a context is unread
+    lens: torch.Tensor  # [num_seqs] int32 context lengths (the new token included)
+    q_rows: torch.Tensor | None  # [num_seqs] int32 flat-batch rows; None when rows 0..B-1
+    max_block_id: int  # checked against the pool before the kernel dereferences any id
+
+
+@dataclass(slots=True, frozen=True)
 class PrefillPlan:
-    """One multi-token chunk."""
+    """One multi-token chunk (see ``engine/attention/cpu_prefill.py``)."""
 
     token_start: int
     token_end: int
-    context_len: int
-    gather_rows: torch.Tensor | None  # [2 * blocks]; None when start_pos == 0 (no prefix)
-    mask: torch.Tensor | None  # [T, context_len] bool, True = attend
+    prefix_len: int  # cached positions before the chunk (its start_pos)
+    gather_rows: torch.Tensor | None  # [2 * prefix blocks]; None when prefix_len == 0
+
+
+def plan_native_decodes(layout: StepLayout, device: torch.device) -> NativeDecodePlan | None:
+    """The one-token chunks as padded int32 tables for the native kernel; None if there are none."""
+    ids = _decode_ids(layout)
+    if not ids:
+        return None
+    tables = [layout.block_tables[i] for i in ids]
+    width = max(len(t) for t in tables)
+    rows = [layout.query_start_loc[i] for i in ids]
+    in_place = rows == list(range(len(rows)))
+    return NativeDecodePlan(
+        num_seqs=len(ids),
+        tables=torch.tensor(
+            [t + (0,) * (width - len(t)) for t in tables], dtype=torch.int32, device=device
+        ),
+        lens=torch.tensor([layout.context_lens[i] for i in ids], dtype=torch.int32, device=device),
+        q_rows=None if in_place else torch.tensor(rows, dtype=torch.int32, device=device),
+        max_block_id=max(max(t) for t in tables),
+    )
 
 
 def plan_decodes(
@@ -62,7 +92,7 @@ def plan_decodes(
     device: torch.device,
 ) -> DecodePlan | None:
     """Group the one-token chunks; ``group_budget_tokens`` caps ``members * padded width``."""
-    ids = [i for i in range(len(layout.context_lens)) if _chunk_len(layout, i) == 1]
+    ids = _decode_ids(layout)
     if not ids:
         return None
     widest = max(len(layout.block_tables[i]) for i in ids) * block_size
@@ -80,6 +110,10 @@ def plan_decodes(
         token_rows=None if in_place else torch.tensor(rows, dtype=torch.int64, device=device),
         groups=tuple(groups),
     )
+
+
+def _decode_ids(layout: StepLayout) -> list[int]:
+    return [i for i in range(len(layout.context_lens)) if _chunk_len(layout, i) == 1]
 
 
 def _chunk_len(layout: StepLayout, i: int) -> int:
@@ -139,29 +173,22 @@ def gather_rows(table: Sequence[int], num_layers: int) -> list[int]:
 
 
 def plan_prefills(
-    layout: StepLayout, num_layers: int, device: torch.device
+    layout: StepLayout, block_size: int, num_layers: int, device: torch.device
 ) -> tuple[PrefillPlan, ...]:
     plans = []
     for i, start_pos in enumerate(layout.start_positions):
-        num_tokens = _chunk_len(layout, i)
-        if num_tokens == 1:
+        if _chunk_len(layout, i) == 1:
             continue
-        cached = start_pos > 0
-        rows = gather_rows(layout.block_tables[i], num_layers) if cached else None
+        rows = None
+        if start_pos > 0:  # the chunk's own K/V come with the step; gather only the prefix
+            prefix_blocks = layout.block_tables[i][: -(-start_pos // block_size)]
+            rows = torch.tensor(gather_rows(prefix_blocks, num_layers), device=device)
         plans.append(
             PrefillPlan(
                 token_start=layout.query_start_loc[i],
                 token_end=layout.query_start_loc[i + 1],
-                context_len=layout.context_lens[i],
-                gather_rows=None if rows is None else torch.tensor(rows, device=device),
-                mask=chunk_mask(start_pos, num_tokens, device) if cached else None,
+                prefix_len=start_pos,
+                gather_rows=rows,
             )
         )
     return tuple(plans)
-
-
-def chunk_mask(start_pos: int, num_tokens: int, device: torch.device) -> torch.Tensor:
-    """``mask[i, j] = j <= start_pos + i``: all cached keys plus the causal part of the chunk."""
-    query_pos = torch.arange(start_pos, start_pos + num_tokens, device=device)
-    key_pos = torch.arange(start_pos + num_tokens, device=device)
-    return key_pos[None, :] <= query_pos[:, None]  # [T, context_len]

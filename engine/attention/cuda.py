@@ -24,20 +24,13 @@ from typing import Any
 
 import torch
 
-from engine.attention.base import (
-    AttentionMetadata,
-    StepLayout,
-    pool_write_rows,
-    slot_mapping,
-    write_kv,
-)
+from engine.attention.base import AttentionMetadata, StepLayout, step_metadata, write_kv
 
 _PAGED_KV_PAGE_MULTIPLE = 256
 
 
 @dataclass(slots=True, frozen=True)
 class _CudaStepData:
-    write_rows: torch.Tensor  # [2, T] layer-0 write rows, see engine.attention.base
     cu_seqlens_q: torch.Tensor  # [num_chunks + 1] int32
     cu_seqlens_k: torch.Tensor  # [num_chunks + 1] int32
     max_seqlen_q: int
@@ -57,11 +50,9 @@ class FlashAttnBackend:
     def build_metadata(
         self, layout: StepLayout, block_size: int, num_layers: int, device: torch.device
     ) -> AttentionMetadata:
-        slots = torch.tensor(slot_mapping(layout, block_size), dtype=torch.int64, device=device)
         q_lens = [e - s for s, e in zip(layout.start_positions, layout.context_lens, strict=True)]
         paged = block_size % _PAGED_KV_PAGE_MULTIPLE == 0
         data = _CudaStepData(
-            write_rows=pool_write_rows(slots, block_size, num_layers),
             cu_seqlens_q=_cumulative(q_lens, device),
             cu_seqlens_k=_cumulative(list(layout.context_lens), device),
             max_seqlen_q=max(q_lens, default=0),
@@ -70,17 +61,7 @@ class FlashAttnBackend:
             gather_block_rows=None if paged else _block_rows(layout, num_layers, device),
             keep_tokens=None if paged else _keep_tokens(layout, block_size, device),
         )
-        return AttentionMetadata(
-            num_tokens=layout.num_tokens,
-            block_size=block_size,
-            query_start_loc=layout.query_start_loc,
-            start_positions=layout.start_positions,
-            context_lens=layout.context_lens,
-            block_tables=layout.block_tables,
-            slot_mapping=slots,
-            backend=self,
-            backend_data=data,
-        )
+        return step_metadata(layout, block_size, num_layers, device, self, data)
 
     def forward(
         self,
@@ -93,7 +74,7 @@ class FlashAttnBackend:
     ) -> torch.Tensor:
         data = attn.backend_data
         assert isinstance(data, _CudaStepData), f"metadata built by {attn.backend.name}"
-        write_kv(kv_cache, layer_idx, data.write_rows, k, v)
+        write_kv(kv_cache, layer_idx, attn.write_rows, k, v)
         if data.block_table is not None:
             keys, values = kv_cache[:, layer_idx, 0], kv_cache[:, layer_idx, 1]
         else:

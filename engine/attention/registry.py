@@ -8,6 +8,12 @@ import torch
 
 from engine.attention.base import AttentionBackend
 from engine.attention.cpu import CpuAttentionBackend
+from engine.attention.native import load_paged_decode
+
+
+def _cpu_best() -> AttentionBackend:
+    """The native decode kernel when it builds here, else the best pure-torch strategy."""
+    return CpuAttentionBackend("native" if load_paged_decode() is not None else "grouped")
 
 
 def _cuda() -> AttentionBackend:
@@ -16,9 +22,10 @@ def _cuda() -> AttentionBackend:
     return make_flash_attn_backend()
 
 
-# "cpu" is the measured winner for decode-heavy batches (see engine/attention/cpu.py).
+# "cpu" is the measured winner: native decode kernel, else grouped (engine/attention/cpu.py).
 _FACTORIES: dict[str, Callable[[], AttentionBackend]] = {
-    "cpu": lambda: CpuAttentionBackend("grouped"),
+    "cpu": _cpu_best,
+    "cpu-native": lambda: CpuAttentionBackend("native"),
     "cpu-grouped": lambda: CpuAttentionBackend("grouped"),
     "cpu-padded": lambda: CpuAttentionBackend("padded"),
     "cpu-per-seq": lambda: CpuAttentionBackend("per_seq"),

@@ -86,7 +86,14 @@ def run_batched(
 
 @pytest.mark.parametrize(
     ("chunk", "backend"),
-    [(10_000, "cpu"), (16, "cpu"), (64, "cpu"), (16, "cpu-padded"), (16, "cpu-per-seq")],
+    [
+        (10_000, "cpu"),
+        (16, "cpu"),
+        (64, "cpu"),
+        (16, "cpu-grouped"),
+        (16, "cpu-padded"),
+        (16, "cpu-per-seq"),
+    ],
 )
 def test_logits_match_transformers(
     smollm2_model: Any,

@@ -82,6 +82,7 @@ def run_backend(backend: AttentionBackend, case: Case, layer: int) -> torch.Tens
 
 
 BACKENDS = {
+    "cpu-native": lambda: get_backend("cpu-native"),
     "cpu-grouped": lambda: get_backend("cpu-grouped"),
     "cpu-padded": lambda: get_backend("cpu-padded"),
     "cpu-per-seq": lambda: get_backend("cpu-per-seq"),

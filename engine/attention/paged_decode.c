@@ -1,0 +1,286 @@
+/* Paged decode attention on CPU: one query token per sequence, K/V read in place from the pool.
+ *
+ * Built at first use by engine/attention/native.py (cc -O3 -march=native -fopenmp) and called
+ * through ctypes. Why native code: a torch implementation must first gather each sequence's
+ * blocks into a contiguous buffer (read the KV, write it, read it again in SDPA), which costs
+ * about twice the bytes the attention itself needs; decode steps are bound by exactly those
+ * bytes. Here every K/V row is read once, straight from its block.
+ *
+ * Pool layout (the project-wide contract):
+ *
+ *     pool[num_blocks][num_layers][2 (K, V)][block_size][num_kv_heads][head_dim]
+ *
+ * so K of (block b, layer l, offset o, kv head h) starts at element
+ *     ((b * L + l) * 2 + 0) * block_size * KVH * D + (o * KVH + h) * D
+ * and V is block_size * KVH * D elements further on.
+ *
+ * Work is split over sequences (or (sequence, kv head) pairs when there are under two
+ * sequences per thread). One item walks its block table once, prefetching the next block
+ * while it works on this one, and keeps a running softmax per query head (see DEFINE_SEQ);
+ * the G = H / KVH query heads of a kv head share its K and V rows.
+ *
+ * Measured on one core (fp32, 16 sequences of ~900 positions): 1.14x the time of merely
+ * reading the same K/V bytes, against 2.1x for the gather + SDPA path it replaces.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { PD_FLOAT32 = 0, PD_BFLOAT16 = 1 };
+
+static inline float bf16_to_f32(uint16_t bits) {
+    union { uint32_t u; float f; } v;
+    v.u = ((uint32_t)bits) << 16;
+    return v.f;
+}
+
+static inline uint16_t f32_to_bf16(float x) {
+    union { uint32_t u; float f; } v;
+    v.f = x;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN */
+    v.u += 0x7fffu + ((v.u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(v.u >> 16);
+}
+
+/* exp(x) for x <= 0 (scores minus their max). x = n ln2 + r with |r| <= ln2 / 2, then a
+ * degree-7 Taylor polynomial for exp(r): its error (< 1e-8 relative) is below float rounding.
+ * Written out so the compiler vectorizes the softmax loop without -ffast-math or libmvec. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float n = floorf(x * 1.44269504f + 0.5f);
+    const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f; /* ln2 split in two parts */
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    return p * scale.f;
+}
+
+typedef struct {
+    int64_t num_heads, num_kv_heads, head_dim, block_size;
+    int64_t token_stride;  /* elements from one position to the next inside a block */
+    int64_t kv_stride;     /* elements from K to V of one (block, layer) */
+    int64_t block_stride;  /* elements from one block to the next */
+    int64_t layer_offset;  /* elements from a block's start to this layer's K */
+} Geometry;
+
+/* Fold one block's n scores of a query row into its running softmax: scores become
+ * exp(score - m) (the weights of the block's V rows); the max m, the sum l and the weighted
+ * V sum acc (d floats) are rescaled first when the block raises the max. */
+static inline void online_softmax_step(float *scores, int64_t n, float *m, float *l, float *acc,
+                                       int64_t d) {
+    float top = *m;
+#pragma omp simd reduction(max : top)
+    for (int64_t t = 0; t < n; ++t) top = scores[t] > top ? scores[t] : top;
+    if (top > *m) {
+        const float shrink = exp_nonpositive(*m - top);
+        *l *= shrink;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) acc[i] *= shrink;
+        *m = top;
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < n; ++t) {
+        scores[t] = exp_nonpositive(scores[t] - top);
+        sum += scores[t];
+    }
+    *l += sum;
+}
+
+/* Ask for one row of the next block while working on a row of this one: spread out like
+ * this the requests keep the memory busy without flooding the fill buffers. */
+static inline void prefetch_run(const char *start, int64_t run_bytes) {
+    for (int64_t o = 0; o < run_bytes; o += 64) __builtin_prefetch(start + o, 0, 3);
+}
+
+/* The per-sequence work for element type ELEM (LOAD converts one element to float), as
+ * three functions: NAME##_scores and NAME##_values handle the n positions of one block for
+ * the kv heads [h0, h0 + nh) (rows = nh * G query heads), NAME runs them over a table.
+ *
+ * One pass over the blocks with a running ("online") softmax: for each block, the scores
+ * of its positions, then the running max m, sum l and weighted V sum acc of every query
+ * row are updated (acc and l rescaled by exp(m_old - m_new) when the max grows). K and V of
+ * a block are neighbours in memory, so the block is read as one run. Each token row holds
+ * every kv head side by side: taking all heads of a row together keeps the reads contiguous.
+ *
+ * q: rows query vectors (pre-scaled, float); acc: rows * D outputs (float); scores, m, l:
+ * rows * block_size, rows and rows floats of scratch. */
+#define DEFINE_SEQ(NAME, ELEM, LOAD, HEAD_DIM)                                                 \
+    /* scores[r * BS + t] = q[r] . K[t] for this block; prefetches the next block's rows */    \
+    static inline void NAME##_scores(const Geometry *geo, const ELEM *k_block,                 \
+                                     const ELEM *k_next, int64_t n, int64_t nh,                \
+                                     const float *q, float *scores) {                          \
+        const int64_t D = HEAD_DIM, BS = geo->block_size, TS = geo->token_stride;              \
+        const int64_t G = geo->num_heads / geo->num_kv_heads;                                  \
+        const int64_t run_bytes = nh * D * (int64_t)sizeof(ELEM);                              \
+        for (int64_t t = 0; t < n; ++t) {                                                      \
+            prefetch_run((const char *)(k_next + t * TS), run_bytes);                          \
+            prefetch_run((const char *)(k_next + geo->kv_stride + t * TS), run_bytes);         \
+            for (int64_t h = 0; h < nh; ++h) {                                                 \
+                const ELEM *k = k_block + t * TS + h * D;                                      \
+                for (int64_t r = h * G; r < (h + 1) * G; ++r) {                                \
+                    const float *qr = q + r * D;                                               \
+                    float dot = 0.0f;                                                          \
+                    _Pragma("omp simd reduction(+ : dot)") for (int64_t d = 0; d < D; ++d)     \
+                        dot += qr[d] * LOAD(k[d]);                                             \
+                    scores[r * BS + t] = dot;                                                  \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    /* acc[r] += sum over the block's positions t of weight[r * BS + t] * V[t] */              \
+    static inline void NAME##_values(const Geometry *geo, const ELEM *v_block, int64_t n,      \
+                                     int64_t nh, const float *weights, float *acc) {           \
+        const int64_t D = HEAD_DIM, BS = geo->block_size, TS = geo->token_stride;              \
+        const int64_t G = geo->num_heads / geo->num_kv_heads;                                  \
+        for (int64_t t = 0; t < n; ++t) {                                                      \
+            for (int64_t h = 0; h < nh; ++h) {                                                 \
+                const ELEM *v = v_block + t * TS + h * D;                                      \
+                for (int64_t r = h * G; r < (h + 1) * G; ++r) {                                \
+                    const float p = weights[r * BS + t];                                       \
+                    float *a = acc + r * D;                                                    \
+                    _Pragma("omp simd") for (int64_t d = 0; d < D; ++d) a[d] += p * LOAD(v[d]); \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    static void NAME(const Geometry *geo, const ELEM *pool, const int32_t *table, int64_t len, \
+                     int64_t h0, int64_t nh, const float *q, float *scores, float *acc,        \
+                     float *m, float *l) {                                                     \
+        const int64_t D = HEAD_DIM, BS = geo->block_size;                                      \
+        const int64_t rows = nh * (geo->num_heads / geo->num_kv_heads);                        \
+        const int64_t num_blocks = (len + BS - 1) / BS;                                        \
+        const ELEM *base = pool + geo->layer_offset + h0 * D;                                  \
+        for (int64_t r = 0; r < rows; ++r) {                                                   \
+            m[r] = -FLT_MAX;                                                                   \
+            l[r] = 0.0f;                                                                       \
+        }                                                                                      \
+        memset(acc, 0, (size_t)(rows * D) * sizeof(float));                                    \
+        for (int64_t j = 0; j < num_blocks; ++j) {                                             \
+            const ELEM *k_block = base + table[j] * geo->block_stride;                         \
+            const ELEM *k_next = base + table[j + 1 < num_blocks ? j + 1 : j] * geo->block_stride; \
+            const int64_t n = len - j * BS < BS ? len - j * BS : BS;                           \
+            NAME##_scores(geo, k_block, k_next, n, nh, q, scores);                             \
+            for (int64_t r = 0; r < rows; ++r)                                                 \
+                online_softmax_step(scores + r * BS, n, m + r, l + r, acc + r * D, D);         \
+            NAME##_values(geo, k_block + geo->kv_stride, n, nh, scores, acc);                  \
+        }                                                                                      \
+        for (int64_t r = 0; r < rows; ++r) {                                                   \
+            const float inv = 1.0f / l[r];                                                     \
+            _Pragma("omp simd") for (int64_t d = 0; d < D; ++d) acc[r * D + d] *= inv;         \
+        }                                                                                      \
+    }
+
+#define LOAD_F32(x) (x)
+#define LOAD_BF16(x) bf16_to_f32(x)
+/* head_dim 64 (SmolLM2, Llama 3.2 1B) gets its own copy: a constant trip count lets the
+ * compiler unroll the dot products fully; any other head_dim takes the generic copy. */
+DEFINE_SEQ(seq_f32_64, float, LOAD_F32, 64)
+DEFINE_SEQ(seq_bf16_64, uint16_t, LOAD_BF16, 64)
+DEFINE_SEQ(seq_f32_any, float, LOAD_F32, geo->head_dim)
+DEFINE_SEQ(seq_bf16_any, uint16_t, LOAD_BF16, geo->head_dim)
+
+/* Scratch of one thread, carved from one allocation: rows query vectors, rows outputs,
+ * rows * block_size scores, rows running maxima and rows running sums. */
+typedef struct {
+    float *q, *acc, *scores, *m, *l;
+} Scratch;
+
+static float *scratch_alloc(Scratch *sc, int64_t rows, int64_t head_dim, int64_t block_size) {
+    float *base = malloc((size_t)(rows * (2 * head_dim + block_size + 2)) * sizeof(float));
+    if (base == NULL) return NULL;
+    sc->q = base;
+    sc->acc = sc->q + rows * head_dim;
+    sc->scores = sc->acc + rows * head_dim;
+    sc->m = sc->scores + rows * block_size;
+    sc->l = sc->m + rows;
+    return base;
+}
+
+/* One work item: query rows in, attention out, converting from/to the element type. */
+static void run_item(const Geometry *geo, int dtype, const void *q_src, const void *pool,
+                     const int32_t *table, int64_t len, int64_t h0, int64_t nh, float scale,
+                     void *out_dst, Scratch *sc) {
+    const int64_t D = geo->head_dim, n = nh * (geo->num_heads / geo->num_kv_heads) * D;
+    if (dtype == PD_FLOAT32) {
+        const float *qs = q_src;
+        for (int64_t i = 0; i < n; ++i) sc->q[i] = qs[i] * scale;
+        if (D == 64)
+            seq_f32_64(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+        else
+            seq_f32_any(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+        memcpy(out_dst, sc->acc, (size_t)n * sizeof(float));
+    } else {
+        const uint16_t *qs = q_src;
+        for (int64_t i = 0; i < n; ++i) sc->q[i] = bf16_to_f32(qs[i]) * scale;
+        if (D == 64)
+            seq_bf16_64(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+        else
+            seq_bf16_any(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+        uint16_t *o = out_dst;
+        for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(sc->acc[i]);
+    }
+}
+
+/* Attention of one query token per sequence over its cached positions 0 .. lens[b] - 1.
+ *
+ * q:      query of sequence b, head hq at q + q_rows[b] * q_row_stride + hq * head_dim
+ *         (q_rows NULL: row b). Elements of `dtype`.
+ * pool:   the KV pool (layout above), contiguous, elements of `dtype`.
+ * tables: [num_seqs][table_width] int32 block ids; lens: [num_seqs] int32 context lengths,
+ *         each >= 1 and within the table.
+ * out:    written at out + q_rows[b] * out_row_stride + hq * head_dim, elements of `dtype`.
+ * Returns 0, or -1 when scratch memory cannot be allocated (out is then incomplete).
+ */
+int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_rows,
+                         const void *pool, const int32_t *tables, int64_t table_width,
+                         const int32_t *lens, int64_t num_seqs, void *out, int64_t out_row_stride,
+                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t num_layers, int64_t block_size, int64_t layer, float scale,
+                         int dtype, int num_threads) {
+    Geometry geo;
+    geo.num_heads = num_heads;
+    geo.num_kv_heads = num_kv_heads;
+    geo.head_dim = head_dim;
+    geo.block_size = block_size;
+    geo.token_stride = num_kv_heads * head_dim;
+    geo.kv_stride = block_size * num_kv_heads * head_dim;
+    geo.block_stride = num_layers * 2 * geo.kv_stride;
+    geo.layer_offset = layer * 2 * geo.kv_stride;
+    /* Work items are whole sequences (a token row holds all kv heads: read it in one run);
+     * with under two sequences per thread, (sequence, kv head) pairs instead, so a few long
+     * sequences still spread evenly over the threads. */
+    const int64_t few = num_threads > 1 && num_seqs < 2 * (int64_t)num_threads;
+    const int64_t split = few ? num_kv_heads : 1;
+    const int64_t heads_per_item = num_kv_heads / split;
+    const int64_t group = num_heads / num_kv_heads; /* query heads per kv head */
+    const int64_t elem = dtype == PD_FLOAT32 ? 4 : 2;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1) reduction(| : failed)
+    {
+        Scratch sc;
+        float *base = scratch_alloc(&sc, heads_per_item * group, head_dim, block_size);
+        failed = base == NULL;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t w = 0; w < num_seqs * split; ++w) {
+            if (failed) continue;
+            const int64_t b = w / split, h0 = (w % split) * heads_per_item;
+            const int64_t row = q_rows ? q_rows[b] : b;
+            const char *src = (const char *)q + (row * q_row_stride + h0 * group * head_dim) * elem;
+            char *dst = (char *)out + (row * out_row_stride + h0 * group * head_dim) * elem;
+            run_item(&geo, dtype, src, pool, tables + b * table_width, lens[b], h0,
+                     heads_per_item, scale, dst, &sc);
+        }
+        free(base);
+    }
+    return failed ? -1 : 0;
+}

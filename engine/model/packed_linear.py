@@ -1,0 +1,84 @@
+"""Linear layers with oneDNN pre-packed weights, for CPU inference.
+
+A step runs every linear layer on ``T`` rows, where ``T`` is the number of decoding
+sequences (often 4..64) or a prefill chunk (up to the token budget). For small ``T`` the
+default BLAS path reads the weights at half the memory bandwidth or less; oneDNN with the
+weight packed once into its blocked layout measured 1.2-1.5x faster for 4..32 rows (fp32 and
+bf16), equal from 64 rows up, and ~1.3x slower only for exactly one row (one decoding
+sequence), where it still moves the same bytes. oneDNN also applies an element-wise op to
+the GEMM result before storing it (a "post-op"), which saves the separate passes over the
+activations for SiLU, the gate product and the residual adds.
+
+The packed weight replaces the plain one (no second copy), so a packed model's
+``state_dict`` holds oneDNN tensors: pack only models that serve
+(:meth:`engine.model.llama.LlamaModel.pack_linears`), never ones that are saved.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN serves CPU fp32 and bf16 linears when torch was built with it."""
+    return (
+        device.type == "cpu"
+        and dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+class PackedLinear(nn.Module):
+    """``y = x @ weight.T + bias`` with the weight in oneDNN's packed layout."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        # oneDNN's opaque blocked layout, packed for any row count (batch-size hint None).
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self.bias = None if bias is None else bias.detach().clone()  # not a view of the loader's
+
+    def forward(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
+        """``x: [T, in]`` -> ``[T, out]``; ``activation="swish"`` applies SiLU in the GEMM."""
+        linear = torch.ops.mkldnn._linear_pointwise
+        return linear(x, self.packed_weight, self.bias, activation, [], "")
+
+    def forward_binary(self, x: torch.Tensor, other: torch.Tensor, op: str) -> torch.Tensor:
+        """``(x @ W.T + b) <op> other`` in one pass, ``op`` one of ``"add"``, ``"mul"``;
+        ``other: [T, out]``."""
+        return torch.ops.mkldnn._linear_pointwise.binary(
+            x, other, self.packed_weight, self.bias, op
+        )
+
+
+class PackedMLP(nn.Module):
+    """SwiGLU MLP ``down(silu(gate(x)) * up(x))`` as three packed GEMMs with fused post-ops:
+    SiLU inside the gate GEMM, the product inside the up GEMM, the residual add inside down."""
+
+    def __init__(
+        self,
+        gate_up_weight: torch.Tensor,  # [2 * intermediate, hidden]: gate rows, then up rows
+        gate_up_bias: torch.Tensor | None,
+        down: nn.Linear,
+    ) -> None:
+        super().__init__()
+        gate_w, up_w = gate_up_weight.detach().chunk(2)
+        gate_b, up_b = (None, None) if gate_up_bias is None else gate_up_bias.detach().chunk(2)
+        self.gate = PackedLinear(gate_w, gate_b)
+        self.up = PackedLinear(up_w, up_b)
+        self.down = PackedLinear(down.weight, down.bias)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + mlp(x)``; ``x``, ``residual``: [T, hidden]."""
+        gate = self.gate(x, activation="swish")  # [T, intermediate]
+        hidden = self.up.forward_binary(x, gate, "mul")  # [T, intermediate]
+        return self.down.forward_binary(hidden, residual, "add")
+
+
+def project_add(proj: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + proj(x)``; a packed projection does the add inside its GEMM."""
+    if isinstance(proj, PackedLinear):
+        return proj.forward_binary(x, residual, "add")
+    return residual + proj(x)

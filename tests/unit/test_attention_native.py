@@ -1,0 +1,177 @@
+"""The native paged decode kernel (engine/attention/paged_decode.c) against a dense reference,
+on the shapes and memory layouts the model really hands it, and its build/fallback path."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine.attention.cpu_prefill as cpu_prefill
+import engine.attention.native as native
+from engine.attention.native import PagedDecodeKernel, load_paged_decode
+
+LAYERS, BLOCK, HEADS, KV_HEADS = 3, 16, 9, 3
+
+
+@pytest.fixture(scope="module")
+def kernel() -> PagedDecodeKernel:
+    loaded = load_paged_decode()
+    if loaded is None:
+        pytest.skip("no C compiler here: the CPU backend falls back to its torch path")
+    return loaded
+
+
+def make_pool(
+    lens: list[int], head_dim: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, list[list[int]]]:
+    """A pool with random K/V and a random, disjoint block table per sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    needed = [-(-n // BLOCK) for n in lens]
+    free = list(range(sum(needed) + 5))
+    random.Random(seed).shuffle(free)
+    shape = (len(free), LAYERS, 2, BLOCK, KV_HEADS, head_dim)
+    pool = torch.randn(shape, generator=gen).to(dtype)
+    return pool, [[free.pop() for _ in range(n)] for n in needed]
+
+
+def dense_reference(
+    q: torch.Tensor, pool: torch.Tensor, tables: list[list[int]], lens: list[int], layer: int
+) -> torch.Tensor:
+    """Gather each sequence's K/V in fp64 and attend with SDPA: ``[B, H * D]``."""
+    outs = []
+    for row, (table, n) in enumerate(zip(tables, lens, strict=True)):
+        kv = pool[table, layer].double()  # [blocks, 2, BLOCK, KVH, D]
+        keys = kv[:, 0].flatten(0, 1)[:n].transpose(0, 1)  # [KVH, n, D]
+        values = kv[:, 1].flatten(0, 1)[:n].transpose(0, 1)
+        query = q[row].double()[:, None]  # [H, 1, D]
+        out = F.scaled_dot_product_attention(query, keys, values, enable_gqa=True)
+        outs.append(out.reshape(-1))
+    return torch.stack(outs)
+
+
+def run(
+    kernel: PagedDecodeKernel,
+    q: torch.Tensor,
+    pool: torch.Tensor,
+    tables: list[list[int]],
+    lens: list[int],
+    layer: int,
+    q_rows: list[int] | None = None,
+    num_rows: int | None = None,
+) -> torch.Tensor:
+    width = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    rows = None if q_rows is None else torch.tensor(q_rows, dtype=torch.int32)
+    out = torch.full((num_rows or q.shape[0], q.shape[1] * q.shape[2]), 7.0, dtype=q.dtype)
+    kernel(q, pool, padded, torch.tensor(lens, dtype=torch.int32), rows, layer, out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "atol"),
+    [(torch.float32, 64, 1e-5), (torch.float32, 32, 1e-5), (torch.bfloat16, 64, 2e-2)],
+)
+def test_matches_dense_reference(
+    kernel: PagedDecodeKernel, dtype: torch.dtype, head_dim: int, atol: float
+) -> None:
+    # 1 position, a partial block, exactly one block, and many blocks.
+    lens = [1, 5, 16, 17, 300]
+    pool, tables = make_pool(lens, head_dim, dtype, seed=head_dim)
+    q = torch.randn(len(lens), HEADS, head_dim).to(dtype)
+    out = run(kernel, q, pool, tables, lens, layer=1)
+    expected = dense_reference(q, pool, tables, lens, layer=1)
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=atol)
+
+
+def test_reads_strided_query_rows_and_writes_only_its_rows(kernel: PagedDecodeKernel) -> None:
+    """q as the model passes it (a view into the fused qkv rows, one row per token of a
+    mixed batch) and decode tokens at flat-batch rows 3 and 0."""
+    lens = [40, 9]
+    pool, tables = make_pool(lens, 64, torch.float32, seed=3)
+    qkv = torch.randn(5, (HEADS + 2 * KV_HEADS) * 64)
+    q = qkv[:, : HEADS * 64].view(5, HEADS, 64)  # rows strided by the qkv width
+    out = run(kernel, q, pool, tables, lens, layer=2, q_rows=[3, 0], num_rows=5)
+    expected = dense_reference(q[[3, 0]], pool, tables, lens, layer=2)
+    torch.testing.assert_close(out[[3, 0]].double(), expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out[[1, 2, 4]], torch.full((3, HEADS * 64), 7.0))
+
+
+def test_growing_scores_rescale_the_running_softmax(kernel: PagedDecodeKernel) -> None:
+    """Keys aligned with the query and growing along the sequence: every block raises the
+    running max, and a late block must outweigh all earlier ones."""
+    lens = [128]
+    pool, tables = make_pool(lens, 64, torch.float32, seed=5)
+    q = torch.ones(1, HEADS, 64)
+    for position in range(lens[0]):
+        block, offset = tables[0][position // BLOCK], position % BLOCK
+        pool[block, 0, 0, offset] = position / 20.0
+    out = run(kernel, q, pool, tables, lens, layer=0)
+    expected = dense_reference(q, pool, tables, lens, layer=0)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_fewer_sequences_than_threads_split_by_kv_head(kernel: PagedDecodeKernel) -> None:
+    lens = [70]
+    pool, tables = make_pool(lens, 64, torch.float32, seed=9)
+    q = torch.randn(1, HEADS, 64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # one sequence, two threads: (sequence, kv head) work items
+    try:
+        out = run(kernel, q, pool, tables, lens, layer=1)
+    finally:
+        torch.set_num_threads(threads)
+    expected = dense_reference(q, pool, tables, lens, layer=1)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_without_a_compiler_the_loader_reports_and_returns_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))  # no library built here yet
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    assert load_paged_decode.__wrapped__() is None
+    assert "no C compiler" in caplog.text
+
+
+def test_a_failed_build_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "CFLAGS", (*native.CFLAGS, "-include", "/nonexistent/pd.h"))
+    assert load_paged_decode.__wrapped__() is None
+    assert "failed" in caplog.text and "/nonexistent/pd.h" in caplog.text
+    assert not list(tmp_path.rglob("*.so")), "a failed build must leave no library behind"
+
+
+@pytest.mark.parametrize("internal_op", [True, False])
+def test_chunk_after_a_prefix_matches_one_masked_attention(
+    monkeypatch: pytest.MonkeyPatch, internal_op: bool
+) -> None:
+    """Two unmasked flash calls merged by log-sum-exp == one call with the bottom-right mask
+    (also through the math fallback used when torch lacks the internal op)."""
+    if not internal_op:
+        monkeypatch.setattr(cpu_prefill, "_FLASH", None)
+    gen = torch.Generator().manual_seed(11)
+    prefix, n = 37, 21
+    q = torch.randn(n, HEADS, 16, generator=gen)
+    keys, values = (torch.randn(prefix + n, KV_HEADS, 16, generator=gen) for _ in range(2))
+    got = cpu_prefill.attend_after_prefix(
+        q,
+        keys[prefix:],
+        values[prefix:],
+        keys[:prefix].transpose(0, 1),
+        values[:prefix].transpose(0, 1),
+    )
+    mask = torch.arange(prefix + n)[None, :] <= torch.arange(prefix, prefix + n)[:, None]
+    expected = F.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        keys.transpose(0, 1),
+        values.transpose(0, 1),
+        attn_mask=mask,
+        enable_gqa=True,
+    )  # [H, n, D]
+    torch.testing.assert_close(got, expected.transpose(0, 1).reshape(n, -1), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,130 @@
+"""oneDNN-packed linears and the fused MLP against plain torch ops; packing a model in place;
+the KV pool on huge pages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import get_backend, layout_chunks, token_positions
+from engine.huge_pages import advise_huge_pages
+from engine.model.config import ModelConfig
+from engine.model.llama import LlamaModel
+from engine.model.packed_linear import PackedLinear, PackedMLP, can_pack, project_add
+from engine.runner import allocate_kv_cache, kv_cache_shape
+from engine.scheduler.plan import ScheduledChunk
+
+pytestmark = pytest.mark.skipif(
+    not can_pack(torch.device("cpu"), torch.float32), reason="torch built without oneDNN"
+)
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_packed_linear_and_its_post_ops_match_torch(dtype: torch.dtype, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(24, 16, generator=gen).to(dtype)
+    bias = torch.randn(24, generator=gen).to(dtype)
+    x = torch.randn(rows, 16, generator=gen).to(dtype)
+    other = torch.randn(rows, 24, generator=gen).to(dtype)
+    packed = PackedLinear(weight, bias)
+    plain = F.linear(x.double(), weight.double(), bias.double())
+    tol = TOLERANCE[dtype]
+    cases = {
+        "none": (packed(x), plain),
+        "swish": (packed(x, activation="swish"), F.silu(plain)),
+        "add": (packed.forward_binary(x, other, "add"), plain + other.double()),
+        "mul": (packed.forward_binary(x, other, "mul"), plain * other.double()),
+    }
+    for name, (got, expected) in cases.items():
+        assert got.dtype == dtype, name
+        torch.testing.assert_close(got.double(), expected, atol=tol * 4, rtol=tol, msg=name)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_mlp_equals_swiglu_plus_residual(bias: bool) -> None:
+    torch.manual_seed(0)
+    gate_up, down = nn.Linear(16, 2 * 40, bias=bias), nn.Linear(40, 16, bias=bias)
+    x, residual = torch.randn(7, 16), torch.randn(7, 16)
+    gate, up = gate_up(x).split(40, dim=-1)
+    expected = residual + down(F.silu(gate) * up)
+    got = PackedMLP(gate_up.weight, gate_up.bias, down)(x, residual)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_project_add_fuses_for_packed_and_adds_for_plain() -> None:
+    torch.manual_seed(1)
+    linear = nn.Linear(8, 8)
+    x, residual = torch.randn(3, 8), torch.randn(3, 8)
+    expected = residual + linear(x)
+    torch.testing.assert_close(project_add(linear, x, residual), expected)
+    packed = PackedLinear(linear.weight, linear.bias)
+    torch.testing.assert_close(project_add(packed, x, residual), expected, atol=1e-6, rtol=1e-5)
+
+
+TINY = ModelConfig(
+    model_id="tiny", architecture="llama", num_layers=2, hidden_size=32, num_heads=4,
+    num_kv_heads=2, head_dim=8, intermediate_size=48, vocab_size=50, rope_theta=10000.0,
+    rms_norm_eps=1e-5, max_context_tokens=64, tie_word_embeddings=True,
+)  # fmt: skip
+
+
+def tiny_model(seed: int) -> LlamaModel:
+    """A random 2-layer model in the loader's parameter layout (see engine/model/llama.py)."""
+    gen = torch.Generator().manual_seed(seed)
+    c = TINY
+    shapes = {"embed_tokens.weight": (c.vocab_size, c.hidden_size), "norm.weight": (32,)}
+    for i in range(c.num_layers):
+        layer = f"layers.{i}"
+        shapes |= {
+            f"{layer}.input_norm.weight": (32,),
+            f"{layer}.post_attn_norm.weight": (32,),
+            f"{layer}.attn.qkv_proj.weight": ((c.num_heads + 2 * c.num_kv_heads) * 8, 32),
+            f"{layer}.attn.o_proj.weight": (32, c.num_heads * 8),
+            f"{layer}.mlp.gate_up_proj.weight": (2 * c.intermediate_size, 32),
+            f"{layer}.mlp.down_proj.weight": (32, c.intermediate_size),
+        }
+    weights = {name: torch.randn(shape, generator=gen) * 0.3 for name, shape in shapes.items()}
+    return LlamaModel.from_state_dict(c, weights)
+
+
+def prefill_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
+    pool = allocate_kv_cache(TINY, num_blocks=8, block_size=4)
+    chunk = ScheduledChunk("s", tuple(ids), 0, tuple(range(8)), sample=True)
+    layout = layout_chunks([chunk], 4)
+    attn = get_backend("cpu-grouped").build_metadata(layout, 4, TINY.num_layers, pool.device)
+    with torch.inference_mode():
+        hidden = model(torch.tensor(ids), torch.tensor(token_positions(layout)), attn, pool)
+        return model.compute_logits(hidden)
+
+
+def test_packing_a_model_keeps_its_logits_and_is_idempotent() -> None:
+    model, ids = tiny_model(seed=3), [5, 9, 2, 31, 7, 7, 40]
+    before = prefill_logits(model, ids)
+    embedding = model.embed_tokens.weight.clone()
+    model.pack_linears()
+    layers = list(model.modules())
+    assert isinstance(model.lm_head, PackedLinear), "a tied head gets a packed copy"
+    assert not any(type(m) is nn.Linear for m in layers), "every linear is packed"
+    torch.testing.assert_close(prefill_logits(model, ids), before, atol=1e-5, rtol=1e-5)
+    model.pack_linears()  # again: nothing changes
+    assert list(model.modules()) == layers
+    assert torch.equal(model.embed_tokens.weight, embedding), "the lookup table is untouched"
+
+
+def test_kv_pool_is_zeroed_with_the_contract_shape() -> None:
+    pool = allocate_kv_cache(TINY, num_blocks=40, block_size=16)
+    assert tuple(pool.shape) == kv_cache_shape(TINY, 40, 16)
+    assert pool.is_contiguous() and not pool.any()
+
+
+def test_huge_page_advice_never_breaks_the_tensor() -> None:
+    small = torch.empty(10)  # smaller than one huge page: nothing to advise
+    assert advise_huge_pages(small) is False
+    big = torch.empty(3 * 2**20)  # 12 MiB: whole huge pages inside
+    advise_huge_pages(big)  # True on Linux with THP; either way the tensor still works
+    big.fill_(2.0)
+    assert float(big.sum()) == 6 * 2**20
