@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from bench.up_process import terminate
 from pdserve_proto import worker_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -56,13 +57,7 @@ class WorkerProcess:
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.channel is not None:
             self.channel.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        terminate(self.process, timeout_s)
 
     def _log_tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

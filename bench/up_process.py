@@ -36,6 +36,20 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+def terminate(
+    process: subprocess.Popen[bytes], timeout_s: float, kill_wait_s: float = 10.0
+) -> None:
+    """SIGTERM ``process`` (a clean stop) and wait; SIGKILL it if it outlives ``timeout_s``."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(kill_wait_s)
+
+
 @dataclass
 class UpProcess:
     """A running `pdserve up`; ``state`` is its endpoints file once serving. With
@@ -89,13 +103,7 @@ class UpProcess:
         """SIGTERM and wait (SIGKILL after ``timeout_s``); then kill any process it left
         (unless ``kill_leftovers`` is off). Returns the exit code of `pdserve up`."""
         started = descendants(self.process.pid) if self.kill_leftovers else {}
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+        terminate(self.process, timeout_s, kill_wait_s=30.0)
         self.orphans_killed = _kill_leftovers(started)
         return self.process.returncode
 

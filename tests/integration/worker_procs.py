@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from bench.up_process import terminate
 from pdserve_proto import common_pb2, worker_pb2, worker_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -79,13 +80,7 @@ class WorkerProc:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        terminate(self.process, timeout_s)
         return self.process.returncode
 
     def kill(self) -> None:
