@@ -1,23 +1,26 @@
-"""Router overhead on loopback: added latency and sustained requests/s, with STUB workers.
+"""Router overhead on loopback: added latency, sustained requests/s and CPU per request.
 
-    python -m bench.router_overhead [--mode colocated|disagg] [--requests 2000]
-                                    [--concurrency 32] [--latency-requests 300]
+    python -m bench.router_overhead [--mode colocated|disagg] [--requests 4000]
+                                    [--concurrency 64] [--clients 2] [--router-processes 1]
+                                    [--loop auto|uvloop|asyncio] [--latency-requests 300]
                                     [--max-tokens 4] [--json out.json]
 
-Three processes: stub worker(s) (``tests/integration/stub_worker.py``: a real gRPC server
-that answers at once, no model), the router (gRPC Inference server, token-id prompts), and
-this load generator (grpc.aio). Latency: requests one at a time, to the stub directly (the
-same RPCs the router makes: Generate; or ReserveKV, Prefill, Decode) and through the
-router; added p50 = router p50 - direct p50. Throughput: ``--requests`` through the router
-with ``--concurrency`` in flight. The client shares the machine's cores with the router and
-stubs, so the req/s figure is a lower bound on what the router alone sustains.
+Processes: stub worker(s) (``tests/integration/stub_worker.py``: a real gRPC server that
+answers at once, no model), the router (gRPC Inference server, token-id prompts;
+``--router-processes`` of them on one port, router/processes.py) and ``--clients`` load
+client processes (bench/router_load.py). Latency: requests one at a time from this
+process, to the stub directly (the same RPCs the router makes: Generate; or ReserveKV,
+Prefill, Decode) and through the router; added p50 = router p50 - direct p50. Throughput:
+``--requests`` with ``--concurrency`` in flight, split over the clients, direct and through
+the router. CPU per request is read from /proc for every process tree over the throughput
+run: it does not depend on how busy the machine was, unlike req/s, which on a small
+machine is bounded by the client and the stubs sharing the router's cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import signal
@@ -25,16 +28,28 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
+from bench.router_load import (
+    LoadResult,
+    LoadShape,
+    cpu_used_s,
+    latencies_ms,
+    make_call,
+    run_clients,
+    spawn_module,
+    tree_cpu_s,
+)
+from router.config import RouterConfig
+from router.event_loop import LOOP_KINDS, LoopKind, resolve, run
+from router.service import RouterService
 
-ROOT = Path(__file__).resolve().parent.parent
-PROMPT = list(range(1, 33))  # 32 token ids: two full blocks
+READY = "router ready:"  # what the router process prints once every process serves
 
 
 def free_port() -> int:
@@ -43,12 +58,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def spawn(args: list[str]) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env)
-
-
-# --- the router process --------------------------------------------------------------------
+# --- the router process(es) ----------------------------------------------------------------
 
 
 class BenchTokenizer:
@@ -68,9 +78,8 @@ class BenchTokenizer:
         return "".join(chr(i) for i in ids)
 
 
-async def serve_router(workers: list[str], port: int) -> None:
+async def bench_router(workers: Sequence[str], config: RouterConfig) -> RouterService:
     """The router with its default policy, in front of ``id=role@host:port`` workers."""
-    from router.config import RouterConfig
     from router.directory import StaticWorkerDirectory, WorkerInfo
     from router.policies import WorkerRole
     from router.service import start_router
@@ -80,106 +89,23 @@ async def serve_router(workers: list[str], port: int) -> None:
         worker_id, rest = spec.split("=", 1)
         role, address = rest.split("@", 1)
         infos.append(WorkerInfo(worker_id, address, WorkerRole(role)))
+    return await start_router(config, BenchTokenizer(), StaticWorkerDirectory(infos))
+
+
+async def serve_router(workers: Sequence[str], port: int, processes: int, loop: LoopKind) -> None:
+    from router.processes import start_router_processes
+
     config = RouterConfig(grpc_port=port, http_port=0, max_concurrent_requests=100_000)
-    service = await start_router(config, BenchTokenizer(), StaticWorkerDirectory(infos))
+    factory = partial(bench_router, tuple(workers))
+    group = await start_router_processes(config, factory, processes, loop)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print(f"{READY} {processes} process(es) {group.pids} on port {port}", flush=True)
     await stop.wait()  # a clean exit on SIGTERM (lets a profiler write its output)
-    await service.stop(grace_s=None)
+    await group.stop(grace_s=None)
 
 
-# --- the load generator --------------------------------------------------------------------
-
-
-def params(max_tokens: int) -> common_pb2.SamplingParams:
-    return common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0)
-
-
-def via_router(channel: grpc.aio.Channel, max_tokens: int) -> Callable[[], Awaitable[int]]:
-    stub = inference_pb2_grpc.InferenceStub(channel)
-    request = inference_pb2.GenerateTextRequest(
-        token_ids=inference_pb2.TokenIds(ids=PROMPT), params=params(max_tokens)
-    )
-
-    async def call() -> int:
-        return sum([len(r.chunk.token_ids) async for r in stub.Generate(request)])
-
-    return call
-
-
-def direct_colocated(channel: grpc.aio.Channel, max_tokens: int) -> Callable[[], Awaitable[int]]:
-    stub = worker_pb2_grpc.WorkerStub(channel)
-    request = worker_pb2.GenerateRequest(
-        request_id="direct", prompt_token_ids=PROMPT, params=params(max_tokens)
-    )
-
-    async def call() -> int:
-        return sum([len(c.token_ids) async for c in stub.Generate(request)])
-
-    return call
-
-
-def direct_disagg(
-    prefill: grpc.aio.Channel, decode: grpc.aio.Channel, max_tokens: int
-) -> Callable[[], Awaitable[int]]:
-    p_stub, d_stub = worker_pb2_grpc.WorkerStub(prefill), worker_pb2_grpc.WorkerStub(decode)
-    sampling = params(max_tokens)
-    ids = itertools.count()
-
-    async def call() -> int:
-        rid = f"direct-{next(ids)}"  # the decode stub keys reservations by request id
-        reserve = await d_stub.ReserveKV(
-            worker_pb2.ReserveKVRequest(request_id=rid, prompt_token_ids=PROMPT)
-        )
-        prefill_request = worker_pb2.PrefillRequest(
-            request_id=rid,
-            prompt_token_ids=PROMPT,
-            params=sampling,
-            destination=reserve.destination,
-        )
-        events = [e async for e in p_stub.Prefill(prefill_request)]
-        first = events[0].first_token
-        decode_request = worker_pb2.DecodeRequest(
-            request_id=rid, prompt_token_ids=PROMPT, params=sampling, first_token=first
-        )
-        rest = [c async for c in d_stub.Decode(decode_request)]
-        return len(first.token_ids) + sum(len(c.token_ids) for c in rest)
-
-    return call
-
-
-async def latencies_ms(call: Callable[[], Awaitable[int]], count: int) -> list[float]:
-    for _ in range(min(50, count)):  # warm-up: channels, caches
-        await call()
-    samples = []
-    for _ in range(count):
-        start = time.perf_counter()
-        await call()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return samples
-
-
-async def throughput_rps(call: Callable[[], Awaitable[int]], total: int, concurrency: int) -> float:
-    remaining = total
-
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            await call()
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return total / (time.perf_counter() - start)
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc; 0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+# --- measuring -----------------------------------------------------------------------------
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -187,117 +113,209 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(samples), "p90": cuts[89], "p99": cuts[98]}
 
 
-async def wait_ready(address: str, timeout_s: float = 30.0) -> None:
+async def wait_ready(address: str, timeout_s: float = 60.0) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout_s)
 
 
-async def measure(
-    args: argparse.Namespace, stubs: dict[str, str], router: str, router_pid: int
-) -> dict:
-    for address in [*stubs.values(), router]:
+async def measure_latency(
+    args: argparse.Namespace, direct: list[str], routed: list[str]
+) -> dict[str, Any]:
+    for address in [*direct[1:], routed[1]]:
         await wait_ready(address)
-    channels = {name: grpc.aio.insecure_channel(a) for name, a in stubs.items()}
-    router_channel = grpc.aio.insecure_channel(router)
-    if args.mode == "colocated":
-        direct = direct_colocated(channels["w0"], args.max_tokens)
-    else:
-        direct = direct_disagg(channels["p0"], channels["d0"], args.max_tokens)
-    routed = via_router(router_channel, args.max_tokens)
-    assert await routed() == await direct() == args.max_tokens, "router and stub disagree"
-    direct_ms = percentiles(await latencies_ms(direct, args.latency_requests))
-    router_ms = percentiles(await latencies_ms(routed, args.latency_requests))
-    direct_rps = await throughput_rps(direct, args.requests, args.concurrency)
-    cpu_before_s = cpu_s(router_pid)
-    router_rps = await throughput_rps(routed, args.requests, args.concurrency)
-    router_cpu_ms = (cpu_s(router_pid) - cpu_before_s) * 1e3 / args.requests
-    for channel in [*channels.values(), router_channel]:
+    direct_call, direct_channels = make_call(direct, args.max_tokens)
+    router_call, router_channels = make_call(routed, args.max_tokens)
+    got = (await router_call(), await direct_call())
+    assert got == (args.max_tokens, args.max_tokens), f"router, stub sent {got} tokens"
+    direct_ms = percentiles(await latencies_ms(direct_call, args.latency_requests))
+    router_ms = percentiles(await latencies_ms(router_call, args.latency_requests))
+    for channel in [*direct_channels, *router_channels]:
         await channel.close()
-    return {
-        "mode": args.mode,
-        "max_tokens": args.max_tokens,
-        "requests": args.requests,
-        "concurrency": args.concurrency,
-        "latency_requests": args.latency_requests,
-        "direct_ms": direct_ms,
-        "router_ms": router_ms,
-        "added_p50_ms": router_ms["p50"] - direct_ms["p50"],
-        "direct_rps": direct_rps,
-        "router_rps": router_rps,
+    return {"direct_ms": direct_ms, "router_ms": router_ms}
+
+
+def measure_load(
+    args: argparse.Namespace, target: list[str], trees: dict[str, list[int]]
+) -> tuple[LoadResult, dict[str, Any]]:
+    """Throughput against ``target``; CPU ms per request of each process tree in ``trees``
+    (and, for the router, of each of its processes)."""
+    before: dict[str, dict[int, float]] = {}
+
+    def sample() -> None:
+        before.update({name: tree_cpu_s(pids) for name, pids in trees.items()})
+
+    shape = LoadShape(
+        args.requests, args.concurrency, args.clients, args.connections, args.max_tokens, args.loop
+    )
+    load = run_clients(target, shape, sample)
+    after = {name: tree_cpu_s(pids) for name, pids in trees.items()}
+    cpu_ms: dict[str, Any] = {
+        name: cpu_used_s(before[name], after[name]) * 1e3 / load.requests for name in trees
+    }
+    cpu_ms["clients"] = load.client_cpu_s * 1e3 / load.requests
+    if "router" in trees:  # how evenly the kernel spread the connections
+        used = {p: after["router"][p] - before["router"].get(p, 0.0) for p in after["router"]}
+        cpu_ms["router_by_process"] = [v * 1e3 / load.requests for v in used.values() if v > 0]
+    return load, cpu_ms
+
+
+def measure(
+    args: argparse.Namespace, stubs: dict[str, str], router: str, pids: dict[str, list[int]]
+) -> dict[str, Any]:
+    addresses = list(stubs.values())
+    direct = ["colocated" if args.mode == "colocated" else "disagg", *addresses]
+    routed = ["router", router]
+    result: dict[str, Any] = {k: getattr(args, k) for k in _ARGS}
+    result["loop"] = resolve(args.loop)
+    result |= run(measure_latency(args, direct, routed), args.loop)
+    direct_load, direct_cpu = measure_load(args, direct, {"stubs": pids["stubs"]})
+    router_load, router_cpu = measure_load(args, routed, pids)
+    return result | {
+        "added_p50_ms": result["router_ms"]["p50"] - result["direct_ms"]["p50"],
+        "direct_rps": direct_load.rps,
+        "router_rps": router_load.rps,
         "cpus": os.cpu_count(),
-        "router_cpu_ms_per_request": router_cpu_ms,
-        "router_rps_per_core": 1e3 / router_cpu_ms if router_cpu_ms > 0 else None,
+        "direct_cpu_ms_per_request": direct_cpu,
+        "router_cpu_ms_per_request": router_cpu,
+        "router_rps_per_core": 1e3 / router_cpu["router"] if router_cpu["router"] > 0 else None,
     }
 
 
-def run(args: argparse.Namespace) -> dict:
+_ARGS = (
+    "mode",
+    "max_tokens",
+    "requests",
+    "concurrency",
+    "clients",
+    "connections",
+    "router_processes",
+    "latency_requests",
+)
+
+
+def start_processes(
+    args: argparse.Namespace,
+) -> tuple[dict[str, str], str, list[subprocess.Popen[bytes]]]:
     roles = {"w0": "colocated"} if args.mode == "colocated" else {"p0": "prefill", "d0": "decode"}
     stubs = {name: f"127.0.0.1:{free_port()}" for name in roles}
     router = f"127.0.0.1:{free_port()}"
     procs = [
-        spawn(
+        spawn_module(
+            "tests.integration.stub_worker",
             [
-                "tests.integration.stub_worker",
                 "--port",
-                a.rsplit(":", 1)[1],
+                address.rsplit(":", 1)[1],
                 "--role",
                 roles[name],
                 "--worker-id",
                 name,
-            ]
+                "--loop",
+                args.loop,
+            ],
         )
-        for name, a in stubs.items()
+        for name, address in stubs.items()
     ]
-    specs = [f"{name}={roles[name]}@{a}" for name, a in stubs.items()]
-    procs.append(spawn(["bench.router_overhead", "--serve-router", router, *specs]))
+    specs = [f"{name}={roles[name]}@{address}" for name, address in stubs.items()]
+    serve = ["--router-processes", str(args.router_processes), "--loop", args.loop]
+    procs.append(
+        spawn_module(
+            "bench.router_overhead",
+            [*serve, "--serve-router", router, *specs],
+            stdout=subprocess.PIPE,
+        )
+    )
+    return stubs, router, procs
+
+
+def wait_router(proc: subprocess.Popen[bytes]) -> None:
+    """Until the router process says all its processes serve (it exits on failure)."""
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.decode().strip()
+        print(line, flush=True)
+        if line.startswith(READY):
+            return
+    raise RuntimeError(f"the router process exited (code {proc.wait()}) before it was ready")
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    stubs, router, procs = start_processes(args)
     try:
-        return asyncio.run(measure(args, stubs, router, procs[-1].pid))
+        wait_router(procs[-1])
+        pids = {"router": [procs[-1].pid], "stubs": [p.pid for p in procs[:-1]]}
+        return measure(args, stubs, router, pids)
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
 
 
-def report(result: dict) -> str:
+def report(result: dict[str, Any]) -> str:
     d, r = result["direct_ms"], result["router_ms"]
+    dc, rc = result["direct_cpu_ms_per_request"], result["router_cpu_ms_per_request"]
+    all_ms = rc["router"] + rc["stubs"] + rc["clients"]
+    cpus = result["cpus"]
     return "\n".join(
         [
             f"router overhead ({result['mode']}, {result['max_tokens']} tokens/request, "
-            f"{result['cpus']} CPUs shared by client, router and stubs)",
+            f"{result['router_processes']} router process(es), event loop {result['loop']}, "
+            f"{cpus} CPUs shared by clients, router and stubs)",
             f"  latency, 1 in flight, {result['latency_requests']} requests (ms):",
             f"    direct to stub   p50 {d['p50']:.3f}  p90 {d['p90']:.3f}  p99 {d['p99']:.3f}",
             f"    through router   p50 {r['p50']:.3f}  p90 {r['p90']:.3f}  p99 {r['p99']:.3f}",
             f"    added p50        {result['added_p50_ms']:.3f} ms   (target < 2 ms)",
-            f"  throughput, {result['requests']} requests, {result['concurrency']} in flight:",
-            f"    direct to stub   {result['direct_rps']:.0f} req/s",
+            f"  throughput, {result['requests']} requests, {result['concurrency']} in flight "
+            f"from {result['clients']} client process(es):",
+            f"    direct to stub   {result['direct_rps']:.0f} req/s   "
+            f"(CPU ms/request: stubs {dc['stubs']:.3f}, clients {dc['clients']:.3f})",
             f"    through router   {result['router_rps']:.0f} req/s   (target >= 1000)",
-            f"  router CPU per request {result['router_cpu_ms_per_request']:.3f} ms "
-            f"= {result['router_rps_per_core'] or 0:.0f} req/s per fully used core",
+            f"  CPU ms per request through the router: router {rc['router']:.3f} | stubs "
+            f"{rc['stubs']:.3f} | clients {rc['clients']:.3f} | all {all_ms:.3f}",
+            f"    by router process: {', '.join(f'{v:.3f}' for v in rc['router_by_process'])}",
+            f"    router alone: {result['router_rps_per_core'] or 0:.0f} req/s per fully used "
+            f"core; all processes: {cpus * 1e3 / all_ms:.0f} req/s at most on {cpus} cores",
         ]
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("colocated", "disagg"), default="colocated")
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--concurrency", type=int, default=64, help="in flight, all clients")
+    parser.add_argument("--clients", type=int, default=2, help="load-client processes")
+    parser.add_argument("--connections", type=int, default=4, help="per client process")
+    parser.add_argument("--router-processes", type=int, default=1)
+    parser.add_argument("--loop", choices=LOOP_KINDS, default="auto", help="every process's")
     parser.add_argument("--latency-requests", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--json", type=Path, help="also write the result here")
     parser.add_argument("--serve-router", nargs="+", metavar="ADDR|WORKER", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.serve_router:
         address, *workers = args.serve_router
-        asyncio.run(serve_router(workers, int(address.rsplit(":", 1)[1])))
+        port = int(address.rsplit(":", 1)[1])
+        run(serve_router(workers, port, args.router_processes, args.loop), args.loop)
         return 0
-    if min(args.requests, args.concurrency, args.latency_requests, args.max_tokens) < 1:
-        raise SystemExit("--requests, --concurrency, --latency-requests, --max-tokens must be >= 1")
-    result = run(args)
+    counts = (args.requests, args.concurrency, args.clients, args.connections)
+    if min(*counts, args.router_processes, args.latency_requests, args.max_tokens) < 1:
+        raise SystemExit(
+            "--requests, --concurrency, --clients, --connections, --router-processes, "
+            "--latency-requests and --max-tokens must be >= 1"
+        )
+    if args.concurrency < args.clients:
+        raise SystemExit(
+            f"--concurrency ({args.concurrency}) must be >= --clients ({args.clients})"
+        )
+    result = run_bench(args)
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -45,6 +45,9 @@ def add_parser(sub: Any) -> None:
     add("--worker-arg", action="append", default=[], metavar="ARG",
         help="extra flag for every worker (see python -m cluster.worker_server -h)")  # fmt: skip
     add("--policy", default=None, help="default routing policy of the router")
+    add("--router-processes", type=int, default=1, metavar="N",
+        help="router processes sharing the ports (SO_REUSEPORT): one serves about 1,000 "
+        "requests/s; each client connection stays with one process (default 1)")  # fmt: skip
     add("--cpu-affinity", default=None, metavar="ROLE=CORES;...",
         help="pin workers to CPU cores, e.g. "
         "'prefill=0;decode=1' or 'colocated=0,1' (slot i -> i-th core; default: "
@@ -121,6 +124,8 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         block_size=args.block_size,
         **router_kwargs,
     )
+    if args.router_processes < 1:
+        raise ValueError(f"--router-processes must be >= 1, got {args.router_processes}")
     return UpConfig(
         targets=targets,
         worker=worker,
@@ -133,6 +138,7 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         state_file=args.state_file,
         ready_timeout_s=settings.ready_timeout_s,
         drain_timeout_s=settings.drain_timeout_s,
+        router_processes=args.router_processes,
     )
 
 

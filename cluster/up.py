@@ -27,11 +27,11 @@ import os
 import signal
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import ray
-import redis
 
 from cluster.pool_control import PoolTargetStore
 from cluster.pool_manager import PoolTargets
@@ -39,18 +39,14 @@ from cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
 from cluster.ray_pools import ActorResources, RayWorkerPool
 from cluster.redis_keys import RedisKeys
 from cluster.redis_server import redacted_url
-from cluster.registry import WorkerRegistry
-from cluster.router_wiring import (
-    RedisLocality,
-    RedisWorkerDirectory,
-    RouterTokenizer,
-    load_router_tokenizer,
-)
+from cluster.router_start import RedisRouterSpec, router_process, start_redis_router
+from cluster.router_wiring import RedisWorkerDirectory, RouterTokenizer, load_router_tokenizer
 from cluster.supervise import SupervisedRedis, embedded_redis, supervise
 from cluster.worker_host import WorkerLaunch
 from router.config import RouterConfig
-from router.locality import engine_prompt_hasher
-from router.service import RouterService, start_router
+from router.event_loop import run as run_loop
+from router.processes import RouterProcesses, spawn_routers
+from router.service import RouterService
 
 log = logging.getLogger("pdserve.up")
 ROLES = ("prefill", "decode", "colocated")
@@ -72,6 +68,7 @@ class UpConfig:
     ready_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
     supervise_s: float = 1.0
+    router_processes: int = 1  # >1: that many router processes share the ports
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,6 +83,7 @@ class Endpoints:
     key_prefix: str
     workers: dict[str, int]
     pid: int
+    router_pids: list[int]
 
     def describe(self) -> str:
         pools = " + ".join(f"{n} {role}" for role, n in self.workers.items() if n)
@@ -93,6 +91,7 @@ class Endpoints:
             f"pdserve is up: {pools} worker(s)",
             f"  OpenAI HTTP    {self.http}/v1",
             f"  gRPC           {self.grpc}",
+            f"  router pids    {', '.join(map(str, self.router_pids))}",
             f"  metrics        {self.metrics}",
             f"  dashboard      {self.dashboard}",
             f"  Ray dashboard  {self.ray_dashboard or '(off)'}",
@@ -120,7 +119,7 @@ def run_up(config: UpConfig) -> int:
             for pool in pools.values():
                 pool.wait_ready(config.ready_timeout_s)
             served = _serve(config, pools, redis_url, embedded, ray_endpoints, tokenizer)
-            asyncio.run(served)
+            run_loop(served)  # uvloop when installed (router/event_loop.py)
     except KeyboardInterrupt:
         log.warning("interrupted during start-up; everything stopped")
     return 0
@@ -172,16 +171,23 @@ async def _serve(
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    prefix = config.worker.agent.key_prefix
-    client = redis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
-    keys = RedisKeys(prefix)
-    store = PoolTargetStore(client, keys)
+    agent = config.worker.agent
+    spec = RedisRouterSpec(redis_url, agent.key_prefix, agent.lease_s, config.worker.model)
+    client = spec.client()
+    store = PoolTargetStore(client, RedisKeys(agent.key_prefix))
     store.write(config.targets)
-    directory, locality = _router_sources(client, keys, config.worker.agent.lease_s)
-    service = await _start_router(config, directory, locality, redis_url, tokenizer)
+    directory, locality = spec.sources(client)
+    router_config = replace(config.router, reuse_port=config.router_processes > 1)
+    service = await start_redis_router(
+        spec, router_config, await asyncio.wrap_future(tokenizer), directory, locality
+    )
+    routers = RouterProcesses(service, [])
     try:
+        # Extra router processes share the ports; each builds its own router from Redis.
+        extra = config.router_processes - 1
+        await spawn_routers(routers, router_config, partial(router_process, spec), extra)
         await _wait_registered(directory, config.targets, config.ready_timeout_s)
-        endpoints = _endpoints(config, service, redis_url, ray_endpoints)
+        endpoints = _endpoints(config, service, redis_url, ray_endpoints, routers.pids)
         _announce(endpoints, config.state_file)
         await supervise(
             stop,
@@ -194,38 +200,11 @@ async def _serve(
             directory,
         )
     finally:
-        await service.stop(grace_s=5.0)
+        await routers.stop(grace_s=5.0)
         directory.stop()
         client.close()
         if config.state_file is not None:
             config.state_file.unlink(missing_ok=True)
-
-
-def _router_sources(
-    client: redis.Redis, keys: RedisKeys, lease_s: float
-) -> tuple[RedisWorkerDirectory, RedisLocality]:
-    from cluster.locality_index import LocalityIndex
-
-    index = LocalityIndex(client, keys)
-    directory = RedisWorkerDirectory(WorkerRegistry(client, keys, lease_s), index).start()
-    return directory, RedisLocality(index)
-
-
-async def _start_router(
-    config: UpConfig,
-    directory: RedisWorkerDirectory,
-    locality: RedisLocality,
-    redis_url: str,
-    tokenizer_future: Future[RouterTokenizer],
-) -> RouterService:
-    tokenizer = await asyncio.wrap_future(tokenizer_future)
-    hasher = engine_prompt_hasher(tokenizer.model_id, config.router.block_size)
-    # The router publishes its goodput figures next to the registry (same Redis, prefix).
-    slo = replace(
-        config.router.slo, redis_url=redis_url, redis_prefix=config.worker.agent.key_prefix
-    )
-    router_config = replace(config.router, slo=slo)
-    return await start_router(router_config, tokenizer, directory, locality, hasher)
 
 
 async def _wait_registered(
@@ -245,6 +224,7 @@ def _endpoints(
     service: RouterService,
     redis_url: str,
     ray_endpoints: RayEndpoints,
+    router_pids: list[int],
 ) -> Endpoints:
     http = f"http://{config.router.host}:{service.http_port}"
     return Endpoints(
@@ -258,6 +238,7 @@ def _endpoints(
         key_prefix=config.worker.agent.key_prefix,
         workers={role: config.targets.of(role) for role in ROLES},
         pid=os.getpid(),
+        router_pids=router_pids,
     )
 
 

@@ -70,8 +70,8 @@ class LocalLoadTracker:
     def effective_load(self, worker_id: str, reported: WorkerLoad) -> WorkerLoad:
         """The larger of the reported and the locally known figures, field by field."""
         counts = self._counts.get(worker_id)
-        if counts is None:
-            return reported
+        if counts is None or not (counts.prefilling or counts.decoding or counts.prefill_tokens):
+            return reported  # nothing of ours in flight there (the max would change nothing)
         return WorkerLoad(
             waiting=max(reported.waiting, counts.prefilling),
             running=max(reported.running, counts.decoding),

@@ -39,6 +39,9 @@ class RouterConfig:
     tls_cert_path: str | None = None
     tls_key_path: str | None = None
     max_message_bytes: int = 16 * 1024 * 1024
+    # Bind both ports with SO_REUSEPORT, so that several router processes serve them
+    # (router/processes.py); off, a second router on the same ports fails to bind.
+    reuse_port: bool = False
     # SLO targets and goodput windows (/metrics, /dashboard, Redis when a URL is given).
     slo: SloConfig = field(default_factory=SloConfig)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from engine.sampling_params import SamplingParams
 from pdserve_proto import common_pb2
 from router.request import ChunkEvent, TokenLogprob
@@ -36,25 +38,49 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
     return msg
 
 
+@lru_cache(maxsize=256)
+def params_message(params: SamplingParams) -> common_pb2.SamplingParams:
+    """``params_to_proto``, cached: requests mostly repeat a few parameter sets, and the
+    router's edge shares one ``SamplingParams`` object per set (``router.params_cache``).
+
+    The returned message is shared: callers copy it into their requests, never mutate it.
+    """
+    return params_to_proto(params)
+
+
 def chunk_from_proto(msg: common_pb2.TokenChunk, index: int | None = None) -> ChunkEvent:
     """``index`` overrides the chunk's own (fan-out sub-requests are all index 0)."""
+    # This runs for every chunk the router relays: positional arguments, a slice (a list,
+    # made in C) rather than iterating the repeated field, no generator without logprobs.
+    logprobs = tuple(map(_logprob_from_proto, msg.logprobs)) if msg.logprobs else ()
     return ChunkEvent(
-        index=msg.index if index is None else index,
-        token_ids=tuple(msg.token_ids),
-        text=msg.text,
-        logprobs=tuple(_logprob_from_proto(lp) for lp in msg.logprobs),
-        finish_reason=msg.finish_reason or None,
+        msg.index if index is None else index,
+        tuple(msg.token_ids[:]),
+        msg.text,
+        logprobs,
+        msg.finish_reason or None,
     )
 
 
 def chunk_to_proto(chunk: ChunkEvent) -> common_pb2.TokenChunk:
-    return common_pb2.TokenChunk(
-        index=chunk.index,
-        token_ids=chunk.token_ids,
-        text=chunk.text,
-        logprobs=[_logprob_to_proto(lp) for lp in chunk.logprobs],
-        finish_reason=chunk.finish_reason or "",
-    )
+    msg = common_pb2.TokenChunk()
+    fill_chunk(msg, chunk)
+    return msg
+
+
+def fill_chunk(msg: common_pb2.TokenChunk, chunk: ChunkEvent) -> None:
+    """Write ``chunk`` into an empty ``msg`` in place (e.g. a response's ``chunk`` field,
+    which saves building a message and copying it). Default values are left unset."""
+    msg.SetInParent()  # a chunk of defaults only is still a chunk: the field is present
+    if chunk.index:
+        msg.index = chunk.index
+    msg.token_ids.extend(chunk.token_ids)
+    if chunk.text:
+        msg.text = chunk.text
+    if chunk.logprobs:
+        msg.logprobs.extend(map(_logprob_to_proto, chunk.logprobs))
+    if chunk.finish_reason:
+        msg.finish_reason = chunk.finish_reason
 
 
 def _logprob_from_proto(msg: common_pb2.TokenLogprob) -> TokenLogprob:

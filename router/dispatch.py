@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import grpc
@@ -104,12 +104,15 @@ class Attempt:
         tracker = self.calls.tracker
         tracker.start_prefill(worker_id, len(self.inp.prompt_token_ids))
         try:
-            async for msg in self._read(stream, worker_id):
+            # stream.read() rather than `async for`: see _read.
+            while (msg := await stream.read()) is not grpc.aio.EOF:
                 if not self.started:
                     tracker.end_prefill(worker_id, len(self.inp.prompt_token_ids))
                     tracker.start_decode(worker_id)
                     self.started = True
                 yield self._seen(chunk_from_proto(msg))
+        except grpc.aio.AioRpcError as err:
+            raise self._error(worker_id, err) from err
         finally:
             if self.started:
                 tracker.end_decode(worker_id)
@@ -150,8 +153,11 @@ class Attempt:
             return
         report = asyncio.create_task(self._transfer_report(prefill, prefill_id))
         try:
-            async for msg in self._decode(decode_id, first):
+            decode = self._decode(decode_id, first)
+            while (msg := await decode.read()) is not grpc.aio.EOF:  # not `async for`: _read
                 yield self._seen(chunk_from_proto(msg))
+        except grpc.aio.AioRpcError as err:
+            raise self._error(decode_id, err) from err
         finally:
             if report.done() and not report.cancelled() and report.exception() is None:
                 self.transfer_s = report.result()
@@ -215,9 +221,7 @@ class Attempt:
                 return float(event.transfer.seconds)
         return 0.0
 
-    def _decode(
-        self, decode_id: str, first: common_pb2.TokenChunk
-    ) -> AsyncIterator[common_pb2.TokenChunk]:
+    def _decode(self, decode_id: str, first: common_pb2.TokenChunk) -> grpc.aio.UnaryStreamCall:
         request = worker_pb2.DecodeRequest(
             request_id=self.request_id,
             prompt_token_ids=self.inp.prompt_token_ids,
@@ -227,12 +231,17 @@ class Attempt:
         )
         stream = self.calls.stub(decode_id).Decode(request, timeout=self._remaining_s())
         self._streams.append(stream)
-        return self._read(stream, decode_id)
+        return stream
 
     async def _read(
         self, stream: grpc.aio.UnaryStreamCall, worker_id: str
     ) -> AsyncGenerator[Any, None]:
-        """The stream's messages, with gRPC errors turned into the router's own."""
+        """The stream's messages, with gRPC errors turned into the router's own.
+
+        The token streams (Generate, Decode) are read inline instead, with
+        ``stream.read()``: ``async for`` over a call, and this generator, would each add a
+        generator resume to every chunk the router relays.
+        """
         try:
             async for msg in stream:
                 yield msg

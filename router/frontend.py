@@ -95,6 +95,8 @@ class Frontend:
     def _check_vocab(self, token_ids: Sequence[int], param: str) -> None:
         vocab = self.vocab_size
         assert vocab is not None
+        if min(token_ids) >= 0 and max(token_ids) < vocab:
+            return  # the usual case, checked at C speed; the loop below finds the culprit
         for i, token_id in enumerate(token_ids):
             if not 0 <= token_id < vocab:
                 raise InvalidRequestError(

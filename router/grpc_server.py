@@ -7,7 +7,7 @@ INVALID_ARGUMENT naming the message rather than the library's generic INTERNAL e
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
@@ -18,10 +18,11 @@ from grpc_reflection.v1alpha import reflection
 
 from pdserve_proto import inference_pb2
 from router.config import RouterConfig
-from router.convert import chunk_to_proto, params_from_proto
+from router.convert import fill_chunk
 from router.errors import InvalidRequestError, classify, grpc_trailing_metadata
-from router.frontend import Frontend, as_sent_to_workers
+from router.frontend import Frontend
 from router.grpc_auth import ApiKeyInterceptor
+from router.params_cache import ParamsCache
 from router.request import ChunkEvent, GenerateInput, Summary
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ SERVICE = "pdserve.v1.Inference"
 # then fail at once), and no generation request needs more than a day.
 MAX_DEADLINE_S = 24 * 3600.0
 M = TypeVar("M", bound=Message)
+GenerateTextResponse = inference_pb2.GenerateTextResponse
 
 
 class InferenceService:
@@ -38,50 +40,48 @@ class InferenceService:
 
     def __init__(self, frontend: Frontend) -> None:
         self.frontend = frontend
+        self._params = ParamsCache()
 
     async def generate(
         self, raw: bytes, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.GenerateTextResponse]:
+        # One generator from the client's request to the lifecycle's events: every layer
+        # of async generator costs each chunk a resume, and this runs per chunk.
+        held: ChunkEvent | None = None  # the final chunk waits for the usage figures
         try:
             inp = self._input(_parse(inference_pb2.GenerateTextRequest, raw))
-            async for response in self._responses(inp):
-                yield response
+            request_id = inp.request_id
+            async for event in self.frontend.generate(inp):
+                if isinstance(event, Summary):
+                    yield _final_response(request_id, held, event)
+                elif event.is_last:
+                    held = event
+                else:
+                    response = GenerateTextResponse(request_id=request_id)
+                    fill_chunk(response.chunk, event)  # no TokenChunk built to be copied
+                    yield response
         except Exception as err:
             await _abort(context, err)
-
-    async def _responses(
-        self, inp: GenerateInput
-    ) -> AsyncIterator[inference_pb2.GenerateTextResponse]:
-        held: ChunkEvent | None = None  # the final chunk waits for the usage figures
-        async for event in self.frontend.generate(inp):
-            if isinstance(event, Summary):
-                yield _final_response(inp.request_id, held, event)
-            elif event.is_last:
-                held = event
-            else:
-                yield inference_pb2.GenerateTextResponse(
-                    request_id=inp.request_id, chunk=chunk_to_proto(event)
-                )
 
     def _input(self, request: inference_pb2.GenerateTextRequest) -> GenerateInput:
         frontend = self.frontend
         model = frontend.resolve_model(request.model)
         prompt = frontend.check_prompt(self._prompt_ids(request), param=_prompt_field(request))
         default_max_tokens = frontend.max_tokens_for(None, len(prompt))
-        params = as_sent_to_workers(params_from_proto(request.params, default_max_tokens))
+        params = self._params.from_wire(request.params, default_max_tokens)
         frontend.max_tokens_for(params.max_tokens, len(prompt))
         return frontend.build(
             model, prompt, params, request.routing_policy, deadline_s=_deadline_s(request)
         )
 
-    def _prompt_ids(self, request: inference_pb2.GenerateTextRequest) -> list[int]:
+    def _prompt_ids(self, request: inference_pb2.GenerateTextRequest) -> Sequence[int]:
         which = request.WhichOneof("prompt")
         if which == "text":
             return self.frontend.encode_text(request.text)
         if which == "chat":
             return self.frontend.encode_chat(_messages(request.chat), param="chat")
         if which == "token_ids":
-            return list(request.token_ids.ids)
+            return tuple(request.token_ids.ids)  # check_prompt keeps a tuple as it is
         raise ValueError("prompt is missing: set one of text, chat or token_ids")
 
     async def tokenize(
@@ -185,7 +185,7 @@ def _final_response(
         decode_worker=summary.decode_worker,
     )
     if held is not None:
-        response.chunk.CopyFrom(chunk_to_proto(held))
+        fill_chunk(response.chunk, held)
     return response
 
 
@@ -210,6 +210,7 @@ async def start_grpc_server(
     options = [
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 1 if config.reuse_port else 0),
     ]
     interceptors = [ApiKeyInterceptor(config.api_keys)] if config.api_keys else []
     server = grpc.aio.server(options=options, interceptors=interceptors)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import replace
@@ -34,11 +33,11 @@ from router.policies import (
     normalize_policy_name,
 )
 from router.prefix_lookup import cached_blocks
+from router.progress import Progress, RequestWatch
 from router.request import (
     ChunkEvent,
     GenerateInput,
     InMemoryTimingSink,
-    RequestTiming,
     Summary,
     TimingSink,
     Usage,
@@ -82,24 +81,54 @@ class RequestLifecycle:
         self._background: set[asyncio.Task[None]] = set()
 
     async def generate(self, inp: GenerateInput) -> AsyncGenerator[ChunkEvent | Summary, None]:
-        """Chunks as the workers produce them, then a ``Summary``; raises router errors."""
-        self.limiter.acquire()
+        """Chunks as the workers produce them, then a ``Summary``; raises router errors.
+
+        The request's watch (``_watch``) sees every event and how the request ended. Timing
+        and the watch live in this one generator: each layer of async generator costs every
+        chunk a resume.
+        """
+        watch = self._watch(inp)
         try:
-            route = await self._route(inp)
-            async with aclosing(self._chunks(route)) as chunks:
-                async for event in self._timed(route, chunks):
-                    yield event
+            self.limiter.acquire()
+            try:
+                route = await self._route(inp)
+                progress = Progress(inp.arrival_s, inp.params.n)
+                async with aclosing(self._chunks(route)) as chunks:
+                    async for chunk in chunks:
+                        chunk = progress.saw(chunk)
+                        if watch is not None:
+                            watch.saw(chunk)
+                        yield chunk
+                summary = self._summary(route, progress)
+                if watch is not None:
+                    watch.saw(summary)
+                yield summary
+            finally:
+                self.limiter.release()
+        except BaseException as err:
+            if watch is not None:
+                watch.ended_by(err)
+            raise
         finally:
-            self.limiter.release()
+            if watch is not None:
+                watch.closed()
+
+    def _watch(self, inp: GenerateInput) -> RequestWatch | None:
+        """What follows ``inp`` to its end (router/metered_lifecycle.py); None: nothing."""
+        return None
 
     async def _route(self, inp: GenerateInput) -> Route:
         policy_name = inp.routing_policy or self.config.default_policy
-        policy = self._policies[normalize_policy_name(policy_name)]
+        policy = self._policies.get(policy_name)
+        if policy is None:
+            policy = self._policies[normalize_policy_name(policy_name)]
         workers = [w for w in self.directory.live_workers() if not w.model or w.model == inp.model]
         if not workers:
             raise NoWorkersError(f"no live worker serves model {inp.model!r}")
-        ids = [w.worker_id for w in workers]
-        cached = await cached_blocks(self.locality, self.hasher, inp.prompt_token_ids, ids)
+        cached: dict[str, int] = {}
+        if self.locality is not None and self.hasher is not None:
+            ids = [w.worker_id for w in workers]
+            cached = await cached_blocks(self.locality, self.hasher, inp.prompt_token_ids, ids)
         request = RouteRequest(len(inp.prompt_token_ids), self.config.block_size, cached)
         ranked = policy.rank(request, [self._candidate(w) for w in workers])
         calls = WorkerCalls(
@@ -191,38 +220,23 @@ class RequestLifecycle:
         )
         return await self._route(inp)
 
-    async def _timed(
-        self, route: Route, chunks: AsyncGenerator[ChunkEvent, None]
-    ) -> AsyncGenerator[ChunkEvent | Summary, None]:
-        inp = route.inp
-        clock = _Clock(inp.arrival_s)
-        unfinished = set(range(inp.params.n))
-        completion_tokens = 0
-        async for chunk in chunks:
-            clock.tick()
-            completion_tokens += len(chunk.token_ids)
-            if chunk.finish_reason is not None:
-                unfinished.discard(chunk.index)
-                if not unfinished:
-                    chunk = replace(chunk, is_last=True)
-            yield chunk
-        if unfinished:
+    def _summary(self, route: Route, progress: Progress) -> Summary:
+        inp, attempt = route.inp, route.served_by
+        if progress.unfinished:
             raise WorkerFailedError(
                 f"request {inp.request_id}: the worker stream ended before sequences "
-                f"{sorted(unfinished)} finished"
+                f"{sorted(progress.unfinished)} finished"
             )
-        yield self._summary(route, clock, completion_tokens)
-
-    def _summary(self, route: Route, clock: _Clock, completion_tokens: int) -> Summary:
-        inp, attempt = route.inp, route.served_by
         assert attempt is not None, f"request {inp.request_id} finished without an attempt"
         dispatched_s = route.dispatched_s or inp.arrival_s
-        timing = clock.timing(queue_s=dispatched_s - inp.arrival_s, transfer_s=attempt.transfer_s)
+        timing = progress.timing(
+            queue_s=dispatched_s - inp.arrival_s, transfer_s=attempt.transfer_s
+        )
         self.timing_sink.record(inp.request_id, timing)
         prefill_id = attempt.decision.prefill_worker_id
         usage = Usage(
             prompt_tokens=len(inp.prompt_token_ids),
-            completion_tokens=completion_tokens,
+            completion_tokens=progress.completion_tokens,
             cached_prompt_tokens=route.request.cached_tokens(prefill_id),
         )
         return Summary(
@@ -239,34 +253,3 @@ class RequestLifecycle:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self.channels.close()
-
-
-class _Clock:
-    """TTFT, inter-chunk gaps and end-to-end time, from the request's arrival."""
-
-    __slots__ = ("arrival_s", "first_s", "gaps_s", "last_s")
-
-    def __init__(self, arrival_s: float) -> None:
-        self.arrival_s = arrival_s
-        self.first_s: float | None = None
-        self.last_s = arrival_s
-        self.gaps_s: list[float] = []
-
-    def tick(self) -> None:
-        now = time.monotonic()
-        if self.first_s is None:
-            self.first_s = now
-        else:
-            self.gaps_s.append(now - self.last_s)
-        self.last_s = now
-
-    def timing(self, queue_s: float, transfer_s: float) -> RequestTiming:
-        now = time.monotonic()
-        first_s = self.first_s if self.first_s is not None else now
-        return RequestTiming(
-            ttft_s=first_s - self.arrival_s,
-            e2e_s=now - self.arrival_s,
-            queue_s=max(0.0, queue_s),
-            transfer_s=transfer_s,
-            itl_s=tuple(self.gaps_s),
-        )

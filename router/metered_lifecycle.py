@@ -1,7 +1,7 @@
 """``RequestLifecycle`` that reports every request's tokens, latencies and outcome.
 
-Both edges (gRPC and HTTP) go through ``RequestLifecycle.generate``, so this is the one
-place where a request's end is seen, however it ends:
+Both edges (gRPC and HTTP) go through ``RequestLifecycle.generate``, which shows each
+request's watch (``_watch``) every event and how the request ended, however it ends:
 
 | how it ends | outcome | SLO attainment |
 |---|---|---|
@@ -15,8 +15,6 @@ place where a request's end is seen, however it ends:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
 
 from router.config import RouterConfig
 from router.directory import ChannelPool, WorkerDirectory
@@ -43,18 +41,8 @@ class MeteredLifecycle(RequestLifecycle):
         super().__init__(config, directory, channels, locality, hasher, timing_sink)
         self.observability = observability
 
-    async def generate(self, inp: GenerateInput) -> AsyncGenerator[ChunkEvent | Summary, None]:
-        watch = _RequestWatch(self.observability, inp)
-        try:
-            async with aclosing(super().generate(inp)) as events:
-                async for event in events:
-                    watch.saw(event)
-                    yield event
-        except BaseException as err:
-            watch.ended_by(err)
-            raise
-        finally:
-            watch.closed()
+    def _watch(self, inp: GenerateInput) -> _RequestWatch:
+        return _RequestWatch(self.observability, inp)
 
 
 class _RequestWatch:

@@ -65,7 +65,7 @@ async def start_router(
     grpc_server, grpc_port = await start_grpc_server(frontend, config)
     app = create_app(frontend, config)
     mount_observability(app, obs)
-    sock = _listen(config.host, config.http_port)
+    sock = _listen(config.host, config.http_port, config.reuse_port)
     http_server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -89,9 +89,11 @@ async def start_router(
     )
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # several router processes accept on this port (router/processes.py)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     return sock

@@ -12,7 +12,7 @@ from engine.sampling_params import SamplingParams
 from pdserve_proto import common_pb2, worker_pb2, worker_pb2_grpc
 from router.admission import LocalLoadTracker
 from router.config import RouterConfig
-from router.convert import params_to_proto
+from router.convert import params_message
 from router.directory import ChannelPool, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -34,16 +34,13 @@ class WorkerCalls:
         self._channels = channels
         self._workers = workers
         self._background = background
-        self._params: tuple[SamplingParams, common_pb2.SamplingParams] | None = None
 
     def stub(self, worker_id: str) -> worker_pb2_grpc.WorkerStub:
         return self._channels.stub(self._workers[worker_id].address)
 
     def params_message(self, params: SamplingParams) -> common_pb2.SamplingParams:
-        """The protobuf form of ``params``, converted once per request."""
-        if self._params is None or self._params[0] is not params:
-            self._params = (params, params_to_proto(params))
-        return self._params[1]
+        """The protobuf form of ``params`` (shared: copy it into a request, never mutate)."""
+        return params_message(params)
 
     def cancel_in_background(self, worker_id: str, request_id: str) -> None:
         """Send Cancel without waiting: it must also run when the caller is being cancelled."""

@@ -28,9 +28,11 @@ from engine.stop_strings import StopStringMatcher
 from pdserve_proto import common_pb2, worker_pb2, worker_pb2_grpc
 from router.config import RouterConfig
 from router.directory import StaticWorkerDirectory, WorkerInfo
+from router.event_loop import LOOP_KINDS
+from router.event_loop import run as run_loop
 from router.lifecycle import RequestLifecycle
 from router.policies import WorkerRole
-from router.service import start_router
+from router.service import RouterService, start_router
 
 T = TypeVar("T")
 
@@ -375,11 +377,19 @@ def start_router_for(
     return asyncio.run_coroutine_threadsafe(setup(), loop).result(30)
 
 
+async def router_for_stubs(infos: tuple[WorkerInfo, ...], config: RouterConfig) -> RouterService:
+    """A router in front of ``infos`` with the FAKE tokenizer. Picklable as
+    ``functools.partial(router_for_stubs, infos)``: a factory for
+    ``router.processes.start_router_processes``."""
+    return await start_router(config, FakeCharTokenizer(), StaticWorkerDirectory(infos))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run one STUB worker (no model) on loopback.")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--role", default="colocated")
     parser.add_argument("--worker-id", default="stub")
+    parser.add_argument("--loop", choices=LOOP_KINDS, default="asyncio", help="event loop")
     args = parser.parse_args()
 
     async def serve() -> None:
@@ -387,7 +397,7 @@ def main() -> None:
         print(f"stub worker {args.worker_id} ({args.role}) on {address}", flush=True)
         await server.wait_for_termination()
 
-    asyncio.run(serve())
+    run_loop(serve(), args.loop)
 
 
 if __name__ == "__main__":

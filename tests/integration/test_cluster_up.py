@@ -1,6 +1,7 @@
 """`pdserve up` with 1 prefill + 1 decode worker: real Ray, redis-server, worker actors with the
-real model, router on loopback. Greedy answers over OpenAI HTTP (the official ``openai``
-client) and gRPC must equal the offline engine (``engine.LLM``) token for token; `pdserve
+real model, two router processes sharing the ports (``--router-processes 2``) on loopback.
+Greedy answers over OpenAI HTTP (the official ``openai`` client) and gRPC must equal the
+offline engine (``engine.LLM``) token for token; both router processes must serve; `pdserve
 status` must describe the cluster; SIGTERM must stop every process it started.
 """
 
@@ -18,6 +19,7 @@ from cluster.locality_index import LocalityIndex
 from cluster.redis_keys import RedisKeys
 from cluster.registry import WorkerRegistry
 from engine.sampling_params import SamplingParams
+from router.goodput_store import read_goodput
 from router.locality import engine_prompt_hasher
 from tests.integration.cluster_proc import (
     UpProcess,
@@ -26,6 +28,7 @@ from tests.integration.cluster_proc import (
     grpc_generate,
     redis_client,
     start_up,
+    wait_until,
 )
 from tests.integration.worker_procs import offline_llm
 
@@ -44,7 +47,10 @@ CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    proc = start_up(tmp_path_factory.mktemp("cluster_up"), "--prefill", "1", "--decode", "1")
+    proc = start_up(
+        tmp_path_factory.mktemp("cluster_up"),
+        *("--prefill", "1", "--decode", "1", "--router-processes", "2"),
+    )
     try:
         offline_llm()  # load the reference while the cluster starts
         proc.wait_serving()
@@ -114,6 +120,27 @@ def test_prompt_blocks_reach_the_locality_index(up: UpProcess, reference: Any) -
     client.close()
 
 
+def test_both_router_processes_serve_and_publish_goodput(up: UpProcess) -> None:
+    pids = up.state["router_pids"]
+    assert len(pids) == 2 and pids[0] == up.process.pid and all(alive(p) for p in pids)
+    # The kernel spreads connections over the processes: each call below opens its own.
+    for _ in range(12):
+        assert grpc_generate(up.grpc_address, [1, 2, 3], 2).finish_reason == "length"
+    client = redis_client(up)
+
+    def serving_routers() -> set[int]:
+        stored = read_goodput(client, up.state["key_prefix"])
+        return {
+            pid
+            for pid in pids
+            for router in stored
+            if router.router_id.endswith(f"-{pid}") and router.windows[-1].requests > 0
+        }
+
+    wait_until(lambda: serving_routers() == set(pids), 15, "goodput from both router processes")
+    client.close()
+
+
 def test_status_shows_pools_workers_and_index(up: UpProcess) -> None:
     status = up.status()
     assert status["targets"] == {"prefill": 1, "decode": 1, "colocated": 0}
@@ -144,6 +171,7 @@ def test_status_shows_pools_workers_and_index(up: UpProcess) -> None:
 def test_sigterm_stops_everything_without_orphans(up: UpProcess) -> None:
     tree = descendants(up.process.pid)
     names = " ".join(tree.values())
+    assert set(up.state["router_pids"][1:]) <= set(tree), "the second router process"
     for part in ("redis-server", "raylet", "gcs_server", "WorkerActor"):
         assert part in names, f"{part} not among the children: {names}"
     assert up.stop() == 0, up.tail()

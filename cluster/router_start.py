@@ -1,0 +1,72 @@
+"""How `pdserve up` builds a router over Redis: in its own process, and in each extra
+router process (``--router-processes``, router/processes.py).
+
+Every router process builds the same things for itself: a Redis client, the worker
+directory (a thread listing the registry), the locality index and the tokenizer. The
+description it builds them from, ``RedisRouterSpec``, is picklable, so that
+``functools.partial(router_process, spec)`` is a factory a spawned child can run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+
+import redis
+
+from cluster.redis_keys import RedisKeys
+from cluster.registry import WorkerRegistry
+from cluster.router_wiring import (
+    RedisLocality,
+    RedisWorkerDirectory,
+    RouterTokenizer,
+    load_router_tokenizer,
+)
+from router.config import RouterConfig
+from router.locality import engine_prompt_hasher
+from router.service import RouterService, start_router
+
+
+@dataclass(frozen=True, slots=True)
+class RedisRouterSpec:
+    """Where a router finds its workers and what it serves."""
+
+    redis_url: str
+    key_prefix: str
+    lease_s: float
+    model: str
+
+    def client(self) -> redis.Redis:
+        # Short timeouts: a request must not wait long on a Redis that went away.
+        return redis.Redis.from_url(self.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+    def sources(self, client: redis.Redis) -> tuple[RedisWorkerDirectory, RedisLocality]:
+        """The started worker directory and the locality index, over ``client``."""
+        from cluster.locality_index import LocalityIndex
+
+        keys = RedisKeys(self.key_prefix)
+        index = LocalityIndex(client, keys)
+        directory = RedisWorkerDirectory(WorkerRegistry(client, keys, self.lease_s), index)
+        return directory.start(), RedisLocality(index)
+
+
+async def start_redis_router(
+    spec: RedisRouterSpec,
+    config: RouterConfig,
+    tokenizer: RouterTokenizer,
+    directory: RedisWorkerDirectory,
+    locality: RedisLocality,
+) -> RouterService:
+    """A router over the Redis registry and locality index; its goodput figures go to the
+    same Redis, under the same key prefix."""
+    hasher = engine_prompt_hasher(tokenizer.model_id, config.block_size)
+    slo = replace(config.slo, redis_url=spec.redis_url, redis_prefix=spec.key_prefix)
+    return await start_router(replace(config, slo=slo), tokenizer, directory, locality, hasher)
+
+
+async def router_process(spec: RedisRouterSpec, config: RouterConfig) -> RouterService:
+    """The factory of an extra router process. Its directory thread and Redis client live
+    as long as the process, which ends when its router stops."""
+    tokenizer = await asyncio.to_thread(load_router_tokenizer, spec.model)
+    directory, locality = spec.sources(spec.client())
+    return await start_redis_router(spec, config, tokenizer, directory, locality)
