@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+import time
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 
@@ -23,7 +24,8 @@ from router.errors import NoWorkersError, OverloadedError, WorkerFailedError
 from router.failover import FailoverConfig, Refusal, ReplayPlan, SequenceStream
 from router.failover_text import TextDecoder
 from router.fanout import fan_out_inputs, merge_streams
-from router.locality import LocalityIndex, PromptBlockHasher
+from router.locality import BlockHash, LocalityIndex, PromptBlockHasher
+from router.placements import RecentPlacements
 from router.policies import (
     POLICY_NAMES,
     RouteRequest,
@@ -74,6 +76,7 @@ class RequestLifecycle:
         self.timing_sink: TimingSink = timing_sink or InMemoryTimingSink()
         self.limiter = ConcurrencyLimiter(config.max_concurrent_requests, config.retry_after_s)
         self.tracker = LocalLoadTracker()
+        self.placements = RecentPlacements()
         self._policies: dict[str, RoutingPolicy] = {
             name: make_policy(name, config.cost, config.hot_spot_margin_requests)
             for name in POLICY_NAMES
@@ -125,12 +128,12 @@ class RequestLifecycle:
         workers = [w for w in self.directory.live_workers() if not w.model or w.model == inp.model]
         if not workers:
             raise NoWorkersError(f"no live worker serves model {inp.model!r}")
-        cached: dict[str, int] = {}
-        if self.locality is not None and self.hasher is not None:
-            ids = [w.worker_id for w in workers]
-            cached = await cached_blocks(self.locality, self.hasher, inp.prompt_token_ids, ids)
-        request = RouteRequest(len(inp.prompt_token_ids), self.config.block_size, cached)
+        request, hashes = await self._route_request(inp, [w.worker_id for w in workers])
         ranked = policy.rank(request, [self._candidate(w) for w in workers])
+        if ranked and hashes:
+            chosen = ranked[0].prefill_worker_id
+            held = request.cached_blocks.get(chosen, 0)
+            self.placements.record(chosen, hashes, held, time.monotonic())
         calls = WorkerCalls(
             self.config,
             self.channels,
@@ -139,6 +142,24 @@ class RequestLifecycle:
             self._background,
         )
         return Route(inp, request, ranked, calls, self._deadline_at(inp))
+
+    async def _route_request(
+        self, inp: GenerateInput, worker_ids: list[str]
+    ) -> tuple[RouteRequest, Sequence[BlockHash]]:
+        """What routing knows of ``inp``: per worker, the prompt blocks it holds (locality
+        index, or just sent there) and the new prefix it was given lately; and the
+        prompt's block hashes (empty without a hasher)."""
+        size = self.config.block_size
+        if self.hasher is None:
+            return RouteRequest(len(inp.prompt_token_ids), size), ()
+        hashes = self.hasher(inp.prompt_token_ids)
+        cached = await cached_blocks(self.locality, hashes, worker_ids)
+        now_s = time.monotonic()
+        for worker_id, sent in self.placements.longest_prefix(hashes, worker_ids, now_s).items():
+            if sent > cached.get(worker_id, 0):
+                cached[worker_id] = sent
+        new = self.placements.new_blocks(worker_ids, now_s)
+        return RouteRequest(len(inp.prompt_token_ids), size, cached, new), hashes
 
     def _candidate(self, worker: WorkerInfo) -> WorkerCandidate:
         load = self.tracker.effective_load(worker.worker_id, worker.load)

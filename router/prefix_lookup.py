@@ -6,26 +6,22 @@ import inspect
 import logging
 from collections.abc import Sequence
 
-from router.locality import LocalityIndex, PromptBlockHasher
+from router.locality import BlockHash, LocalityIndex
 
 log = logging.getLogger(__name__)
 
 
 async def cached_blocks(
     index: LocalityIndex | None,
-    hasher: PromptBlockHasher | None,
-    prompt_token_ids: Sequence[int],
+    block_hashes: Sequence[BlockHash],
     worker_ids: Sequence[str],
 ) -> dict[str, int]:
-    """Leading prompt blocks cached per worker; empty when unknown.
+    """Leading prompt blocks (``block_hashes``) cached per worker; empty when unknown.
 
     The index may answer synchronously or with an awaitable (an asyncio Redis client).
     A failing index degrades routing to load-only rather than failing the request.
     """
-    if index is None or hasher is None:
-        return {}
-    block_hashes = hasher(prompt_token_ids)
-    if not block_hashes:
+    if index is None or not block_hashes:
         return {}
     try:
         answer = index.longest_prefix(block_hashes, worker_ids)

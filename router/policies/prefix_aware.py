@@ -15,6 +15,9 @@ class PrefixAwarePolicy(OrderedPolicy):
     Hot-spot guard: a popular prefix would draw every request to the worker that holds it.
     A worker whose load exceeds the least-loaded one's by more than ``load_margin``
     requests is not chosen for its cache; it comes after the eligible workers.
+
+    Among workers holding equally much of the prompt and running as many requests, the one
+    given the least new prefix lately comes first: prefixes nobody holds spread evenly.
     """
 
     name = "prefix_aware"
@@ -36,5 +39,12 @@ class PrefixAwarePolicy(OrderedPolicy):
         limit = least + self._load_margin
         eligible = [w for w in pool if w.load.requests <= limit]
         hot = [w for w in pool if w.load.requests > limit]
-        eligible.sort(key=lambda w: (-request.cached_tokens(w.worker_id), *load_key(w)))
+        eligible.sort(
+            key=lambda w: (
+                -request.cached_tokens(w.worker_id),
+                w.load.requests,
+                request.new_blocks.get(w.worker_id, 0),
+                *load_key(w),
+            )
+        )
         return eligible + sorted(hot, key=load_key)

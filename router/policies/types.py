@@ -68,13 +68,15 @@ class CostModel:
 class RouteRequest:
     """One request as routing sees it.
 
-    ``cached_blocks`` maps worker id -> leading prompt blocks that worker already holds
-    (from the locality index; missing = 0).
+    ``cached_blocks`` maps worker id -> leading prompt blocks that worker holds (locality
+    index) or was just sent by this router (router/placements.py); missing = 0.
+    ``new_blocks`` maps worker id -> blocks of new prefix this router gave it lately.
     """
 
     prompt_tokens: int
     block_size: int = 16
     cached_blocks: Mapping[str, int] = field(default_factory=dict)
+    new_blocks: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert self.prompt_tokens >= 1, f"prompt_tokens must be >= 1, got {self.prompt_tokens}"

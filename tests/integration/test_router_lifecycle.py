@@ -213,6 +213,31 @@ def test_prefix_aware_routing_follows_the_locality_index() -> None:
         cluster.stop()
 
 
+def test_prefix_aware_follows_its_own_placements_before_the_index_knows() -> None:
+    # The index never learns anything here: the router's memory of where it sent each
+    # prompt keeps a prefix on one worker, and spreads new prefixes over both.
+    hasher = engine_prompt_hasher("fake-model", block_size=16)
+    cluster = start_stub_cluster(
+        {"w0": "colocated", "w1": "colocated"},
+        locality=InProcessLocalityIndex(),
+        hasher=hasher,
+        config=RouterConfig(default_policy="prefix_aware"),
+    )
+    try:
+        docs = [[1, *range(base, base + 48)] for base in (100, 200, 300, 400)]
+
+        def served_by(doc: list[int], question: int) -> str:
+            ids = inference_pb2.TokenIds(ids=[*doc, question, question + 1])
+            return generate(cluster, token_ids=ids)[-1].prefill_worker
+
+        first = [served_by(doc, 7) for doc in docs]
+        assert sorted(first) == ["w0", "w0", "w1", "w1"], first
+        again = [served_by(doc, 9) for doc in docs]
+        assert again == first
+    finally:
+        cluster.stop()
+
+
 def test_n_sequences_on_the_disaggregated_path(disagg: StubCluster) -> None:
     params = common_pb2.SamplingParams(max_tokens=2, n=2, seed=5)
     responses = generate(disagg, text="hi", params=params)

@@ -77,6 +77,18 @@ def test_prefix_aware_hot_spot_guard_skips_an_overloaded_cache_holder() -> None:
     assert [d.prefill_worker_id for d in ranked] == ["w3", "w2", "w1"]
 
 
+def test_prefix_aware_sends_a_new_prefix_to_the_worker_given_the_least_new_prefix() -> None:
+    workers = [worker("p0", P), worker("p1", P), worker("d0", D)]
+    policy = PrefixAwarePolicy()
+    fresh = RouteRequest(prompt_tokens=1088, new_blocks={"p0": 68, "p1": 0})
+    assert policy.rank(fresh, workers)[0].prefill_worker_id == "p1"
+    # ... but a held prefix, and then load, come before it
+    held = RouteRequest(prompt_tokens=1088, cached_blocks={"p0": 64}, new_blocks={"p0": 68})
+    assert policy.rank(held, workers)[0].prefill_worker_id == "p0"
+    busy = [worker("p0", P), worker("p1", P, running=1), worker("d0", D)]
+    assert policy.rank(fresh, busy)[0].prefill_worker_id == "p0"
+
+
 def test_prefix_aware_pairs_prefix_holder_with_least_loaded_decode() -> None:
     workers = [
         worker("p0", P),
