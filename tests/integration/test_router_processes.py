@@ -62,15 +62,20 @@ def stub() -> Iterator[tuple[LoopThread, StubWorker, str]]:
     thread.close()
 
 
-@pytest.fixture(scope="module")
-def group(stub: tuple[LoopThread, StubWorker, str]) -> Iterator[RouterProcesses]:
+def start_group(stub: tuple[LoopThread, StubWorker, str], processes: int) -> RouterProcesses:
+    """``processes`` routers on fresh ports in front of the stub worker."""
     thread, _, address = stub
     infos = (WorkerInfo("w0", address, WorkerRole.COLOCATED),)
-    config = RouterConfig(grpc_port=0, http_port=0)
     factory = functools.partial(router_for_stubs, infos)
-    processes = thread.run(start_router_processes(config, factory, processes=2))
+    config = RouterConfig(grpc_port=0, http_port=0)
+    return thread.run(start_router_processes(config, factory, processes))
+
+
+@pytest.fixture(scope="module")
+def group(stub: tuple[LoopThread, StubWorker, str]) -> Iterator[RouterProcesses]:
+    processes = start_group(stub, 2)
     yield processes
-    thread.run(processes.stop(grace_s=None))
+    stub[0].run(processes.stop(grace_s=None))
 
 
 def generate(grpc_port: int, text: str) -> str:
@@ -104,11 +109,8 @@ def test_every_process_binds_the_same_ports_and_requests_are_served(
 def test_a_child_serves_the_ports_when_the_parent_router_stops(
     stub: tuple[LoopThread, StubWorker, str],
 ) -> None:
-    thread, _, address = stub
-    infos = (WorkerInfo("w0", address, WorkerRole.COLOCATED),)
-    factory = functools.partial(router_for_stubs, infos)
-    config = RouterConfig(grpc_port=0, http_port=0)
-    processes = thread.run(start_router_processes(config, factory, processes=2))
+    thread = stub[0]
+    processes = start_group(stub, 2)
     try:
         port = processes.service.grpc_port
         thread.run(processes.service.stop(None))  # only the child listens now
@@ -121,11 +123,8 @@ def test_a_child_serves_the_ports_when_the_parent_router_stops(
 def test_a_child_stops_when_its_parent_goes_away(
     stub: tuple[LoopThread, StubWorker, str],
 ) -> None:
-    thread, _, address = stub
-    infos = (WorkerInfo("w0", address, WorkerRole.COLOCATED),)
-    factory = functools.partial(router_for_stubs, infos)
-    config = RouterConfig(grpc_port=0, http_port=0)
-    processes = thread.run(start_router_processes(config, factory, processes=2))
+    thread = stub[0]
+    processes = start_group(stub, 2)
     try:
         child = processes.children[0]
         processes.links[0].close()  # what the parent dying looks like from the child
@@ -140,9 +139,7 @@ def test_one_process_starts_no_child_and_keeps_the_port_exclusive(
 ) -> None:
     thread, _, address = stub
     infos = (WorkerInfo("w0", address, WorkerRole.COLOCATED),)
-    factory = functools.partial(router_for_stubs, infos)
-    config = RouterConfig(grpc_port=0, http_port=0)
-    processes = thread.run(start_router_processes(config, factory, processes=1))
+    processes = start_group(stub, 1)
     try:
         assert processes.children == [] and processes.pids == [os.getpid()]
         taken = RouterConfig(grpc_port=processes.service.grpc_port, http_port=_free_port())
@@ -151,7 +148,7 @@ def test_one_process_starts_no_child_and_keeps_the_port_exclusive(
     finally:
         thread.run(processes.stop(grace_s=None))
     with pytest.raises(ValueError, match="processes must be >= 1"):
-        thread.run(start_router_processes(config, factory, processes=0))
+        start_group(stub, 0)
 
 
 def _free_port() -> int:
