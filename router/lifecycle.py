@@ -62,13 +62,14 @@ class RequestLifecycle:
         hasher: PromptBlockHasher | None = None,
         timing_sink: TimingSink | None = None,
         failover: FailoverConfig | None = None,
+        text_decoder: TextDecoder | None = None,
     ) -> None:
         self.config = config
         self.failover = failover or FailoverConfig()
         # The router's tokenizer: after a failover the router makes the text itself
-        # (router/failover_text.py). Set by whoever starts the router; without it only
-        # breaks where the worker held no text back can fail over.
-        self.text_decoder: TextDecoder | None = None
+        # (router/failover_text.py). Without it only breaks where the worker held no
+        # text back can fail over.
+        self.text_decoder = text_decoder
         self.directory = directory
         self.channels = channels
         self.locality = locality

@@ -19,6 +19,7 @@ import asyncio
 from router.config import RouterConfig
 from router.directory import ChannelPool, WorkerDirectory
 from router.errors import InvalidRequestError, OverloadedError
+from router.failover_text import TextDecoder
 from router.lifecycle import RequestLifecycle
 from router.locality import LocalityIndex, PromptBlockHasher
 from router.observability import RouterObservability
@@ -37,8 +38,11 @@ class MeteredLifecycle(RequestLifecycle):
         locality: LocalityIndex | None = None,
         hasher: PromptBlockHasher | None = None,
         timing_sink: TimingSink | None = None,
+        text_decoder: TextDecoder | None = None,
     ) -> None:
-        super().__init__(config, directory, channels, locality, hasher, timing_sink)
+        super().__init__(
+            config, directory, channels, locality, hasher, timing_sink, text_decoder=text_decoder
+        )
         self.observability = observability
 
     def _watch(self, inp: GenerateInput) -> _RequestWatch:

@@ -59,8 +59,10 @@ async def start_router(
     """Start both servers on ``config.host``; ``worker_credentials`` secure worker channels."""
     channels = ChannelPool(worker_credentials, config.max_message_bytes)
     obs = RouterObservability(config, directory, channels)
-    lifecycle = MeteredLifecycle(config, directory, channels, obs, locality, hasher, timing_sink)
-    lifecycle.text_decoder = tokenizer  # exact text when a stream fails over
+    # The tokenizer also decodes: exact text when a stream fails over.
+    lifecycle = MeteredLifecycle(
+        config, directory, channels, obs, locality, hasher, timing_sink, text_decoder=tokenizer
+    )
     frontend = Frontend(config, tokenizer, lifecycle)
     grpc_server, grpc_port = await start_grpc_server(frontend, config)
     app = create_app(frontend, config)

@@ -339,8 +339,6 @@ async def _setup(roles, config, tokenizer, locality, hasher, loop, thread) -> St
     config = replace(config, grpc_port=0, http_port=0)
     directory = StaticWorkerDirectory(infos)
     service = await start_router(config, tokenizer, directory, locality, hasher)
-    if service.lifecycle.text_decoder is None:  # the router's text after a failover
-        service.lifecycle.text_decoder = tokenizer
     teardown.append(partial(service.stop, None))
     return StubCluster(
         config,
@@ -366,7 +364,6 @@ def start_router_for(
 
     async def setup() -> StubCluster:
         service = await start_router(config, tokenizer, StaticWorkerDirectory(infos))
-        service.lifecycle.text_decoder = service.lifecycle.text_decoder or tokenizer
         grpc_address = f"127.0.0.1:{service.grpc_port}"
         http_url = f"http://127.0.0.1:{service.http_port}"
         teardown: list[Callable[[], Awaitable[None]]] = [partial(service.stop, None)]
