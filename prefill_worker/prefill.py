@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from engine.async_engine import AsyncEngine
-from kv_transfer import KVSender, TransferConfig, TransferHandle, TransferStats, make_sender
+from kv_transfer import KVSender, TransferConfig, TransferStats, make_sender
 from pdserve_proto import worker_pb2
 from prefill_worker.convert import (
     KVDestination,
@@ -49,7 +49,9 @@ class PrefillService:
         # only guards against a backend that breaks that promise.
         self._wait_s = transfer_timeout_s + 5.0
         self._active: set[str] = set()  # first token out, KV not released yet
-        self._sending: dict[str, TransferHandle] = {}  # the sender may be reading these
+        # Transfers after a first token went out: they run to the end even when the
+        # Prefill caller goes away, since the decode worker may be waiting for the KV.
+        self._transfers: dict[str, asyncio.Task[worker_pb2.TransferReport]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     async def prefill(
@@ -75,7 +77,10 @@ class PrefillService:
             if first.finished:  # nothing left to decode: the KV is not needed elsewhere
                 report = worker_pb2.TransferReport(ok=True)
             else:
-                report = await self._send(request_id, dest, first_s)
+                transfer = asyncio.ensure_future(self._send(request_id, dest, first_s))
+                self._transfers[request_id] = transfer
+                report = await asyncio.shield(transfer)  # not stopped by the caller leaving
+                del self._transfers[request_id]
             await self.engine.release(request_id)
             released = True
             self._log(request_id, len(prompt), ttft_s, report)
@@ -137,18 +142,18 @@ class PrefillService:
             )
         except Exception as exc:  # bad peer metadata, unreachable peer: this request only
             return _failed_report(plan, f"{type(exc).__name__}: {exc}")
-        self._sending[request_id] = handle
         await await_handle(handle, self._wait_s)
-        self._sending.pop(request_id, None)
         report = report_for(plan, handle, self._wait_s)
         report.since_first_token_s = (handle.ended_at_s or time.monotonic()) - first_s
         return report
 
     async def _release_when_done(self, request_id: str) -> None:
-        """The caller went away: free the held KV once the sender no longer reads it."""
-        handle = self._sending.pop(request_id, None)
-        if handle is not None and not handle.finished:
-            await await_handle(handle, self._wait_s)
+        """The caller went away: free the held KV once its transfer has ended (the lookup
+        of its blocks, the send, the wait for the sender: ``_send`` ends within
+        ``_wait_s`` of the send)."""
+        transfer = self._transfers.pop(request_id, None)
+        if transfer is not None:
+            await asyncio.wait([transfer])
         freed = await self.engine.abort(request_id)
         log.info("prefill %s: caller gone; KV released (held: %s)", request_id, freed)
 

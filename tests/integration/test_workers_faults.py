@@ -172,6 +172,27 @@ def test_prefill_caller_gone_mid_transfer_still_delivers_then_frees(
     assert prefill.stats().transfers_ok >= 1
 
 
+def test_prefill_caller_gone_right_after_the_first_token_still_delivers(
+    workers: dict[str, WorkerProc], prompt: list[int]
+) -> None:
+    # The caller leaves as soon as it has the first token: the worker may still be looking
+    # up the blocks to send. The transfer must happen all the same (the decode worker
+    # waits for it), and then every block must be freed.
+    prefill, decode = workers["prefill-slow"], workers["decode-short"]
+    assert wait_for(lambda: _all_free(prefill), FREED_WITHIN_S)
+    destination = _reserve(decode, "gone-2", prompt)
+    request = worker_pb2.PrefillRequest(
+        request_id="gone-2", prompt_token_ids=prompt, params=greedy(8), destination=destination
+    )
+    events = prefill.stub.Prefill(request, timeout=120)
+    first = next(events).first_token
+    events.cancel()
+    chunks = list(decode.stub.Decode(_decode_request("gone-2", prompt, first, 30.0), timeout=60))
+    assert sum(len(c.token_ids) for c in chunks) == 15 and chunks[-1].finish_reason == "length"
+    assert wait_for(lambda: _all_free(prefill), FREED_WITHIN_S)
+    assert wait_for(lambda: _all_free(decode), FREED_WITHIN_S)
+
+
 def test_unclaimed_reservation_expires_and_frees_its_blocks(
     workers: dict[str, WorkerProc], prompt: list[int]
 ) -> None:
