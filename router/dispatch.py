@@ -32,6 +32,9 @@ from router.request import ChunkEvent, GenerateInput
 from router.worker_calls import WorkerCalls
 
 _RETRY_ELSEWHERE = (grpc.StatusCode.RESOURCE_EXHAUSTED,)
+# How long a finished decode stream waits for the prefill worker's transfer report (its
+# figures go into the request's timing); it is normally there before the decode ends.
+REPORT_GRACE_S = 0.5
 
 
 class RetryableWorkerError(Exception):
@@ -156,6 +159,9 @@ class Attempt:
             decode = self._decode(decode_id, first)
             while (msg := await decode.read()) is not grpc.aio.EOF:  # not `async for`: _read
                 yield self._seen(chunk_from_proto(msg))
+            # The decode worker ran only once the KV had arrived, so the report is sent
+            # or about to be; it comes on another connection and may still be on its way.
+            await asyncio.wait([report], timeout=REPORT_GRACE_S)
         except grpc.aio.AioRpcError as err:
             raise self._error(decode_id, err) from err
         finally:
