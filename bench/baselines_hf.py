@@ -7,7 +7,8 @@
 (b) ``run_hf_continuous``: transformers' own continuous batching (paged KV cache, CPU). This
     is the machinery behind ``model.generate_batch``; we drive its manager directly because
     ``generate_batch`` takes a single ``max_new_tokens`` for all requests, while each request
-    here has its own. EOS is disabled (``eos_token_id=-1``) so lengths are exact.
+    here has its own. EOS is disabled (``eos_token_id=-1``) so lengths are exact. At most
+    ``CB_MAX_REQUESTS_PER_STEP`` requests run per step: its fastest setting on CPU (see there).
 
 Both load the GGUF through ``from_pretrained(..., gguf_file=...)`` (dequantized to ``dtype``),
 time generation only, and report the peak RSS measured from just before generation.
@@ -34,6 +35,13 @@ from bench.workload import (
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CB_PAGE_TOKENS = 256  # transformers' default page size for its paged cache
+# Requests per step for (b). With no flash kernel (none on CPU), transformers packs a step's
+# requests into one sequence and runs SDPA over all their gathered KV (copied to every query
+# head) under a block-diagonal mask: a step costs (query tokens) x (sum of the scheduled
+# requests' lengths). With all 64 per step, 2048-token prompt steps took 7 s growing to 35 s+
+# and the run ~2x longer. Full workload, 1 thread, fp32: 2 -> 1053 s, 4 -> 1173 s; 1 is slower
+# (weights read per token), 3 within a few % of 2.
+CB_MAX_REQUESTS_PER_STEP = 2
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -105,12 +113,13 @@ def run_hf_continuous(
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     model = load_hf_model(dtype)
-    # On CPU it would otherwise size its cache from 90% of system RAM.
+    # On CPU it would otherwise size its cache from 60% of system RAM. Holding every request,
+    # it stays clear of the 15%-free safety margin under which no new prompt is admitted.
     cb_config = ContinuousBatchingConfig(
         page_size=CB_PAGE_TOKENS,
         num_blocks=sum(math.ceil((len(p) + o) / CB_PAGE_TOKENS) for p, o in workload),
         max_batch_tokens=max_batch_tokens,
-        max_requests_per_batch=len(workload),
+        max_requests_per_batch=min(len(workload), CB_MAX_REQUESTS_PER_STEP),
     )
     gen_config = GenerationConfig(
         do_sample=False, max_new_tokens=max(o for _, o in workload), eos_token_id=-1
