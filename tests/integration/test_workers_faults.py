@@ -144,17 +144,25 @@ def _held_while_in_flight(worker: WorkerProc, timeout_s: float) -> tuple[int, bo
     raise AssertionError(f"{worker.name}: a transfer was still open after {timeout_s}s")
 
 
+def _prefill_until_first_token(
+    prefill: WorkerProc, decode: WorkerProc, request_id: str, prompt: list[int]
+) -> tuple[Any, common_pb2.TokenChunk]:
+    """Reserve on ``decode``, start Prefill on an idle ``prefill``; the open stream and the
+    first token (8 greedy tokens asked for)."""
+    assert wait_for(lambda: _all_free(prefill), FREED_WITHIN_S)
+    destination = _reserve(decode, request_id, prompt)
+    request = worker_pb2.PrefillRequest(
+        request_id=request_id, prompt_token_ids=prompt, params=greedy(8), destination=destination
+    )
+    events = prefill.stub.Prefill(request, timeout=120)
+    return events, next(events).first_token
+
+
 def test_prefill_caller_gone_mid_transfer_still_delivers_then_frees(
     workers: dict[str, WorkerProc], prompt: list[int]
 ) -> None:
     prefill, decode = workers["prefill-slow"], workers["decode-short"]
-    assert wait_for(lambda: _all_free(prefill), FREED_WITHIN_S)
-    destination = _reserve(decode, "gone-1", prompt)
-    request = worker_pb2.PrefillRequest(
-        request_id="gone-1", prompt_token_ids=prompt, params=greedy(8), destination=destination
-    )
-    events = prefill.stub.Prefill(request, timeout=120)
-    first = next(events).first_token
+    events, first = _prefill_until_first_token(prefill, decode, "gone-1", prompt)
     decode_request = _decode_request("gone-1", prompt, first, 30.0)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         # Decode claims the reservation at once (as the router does), before it can expire.
@@ -177,15 +185,10 @@ def test_prefill_caller_gone_right_after_the_first_token_still_delivers(
 ) -> None:
     # The caller leaves as soon as it has the first token: the worker may still be looking
     # up the blocks to send. The transfer must happen all the same (the decode worker
-    # waits for it), and then every block must be freed.
+    # waits for it), and then every block must be freed. (The window is short: without the
+    # fix this fails only when the cancel lands during the lookup.)
     prefill, decode = workers["prefill-slow"], workers["decode-short"]
-    assert wait_for(lambda: _all_free(prefill), FREED_WITHIN_S)
-    destination = _reserve(decode, "gone-2", prompt)
-    request = worker_pb2.PrefillRequest(
-        request_id="gone-2", prompt_token_ids=prompt, params=greedy(8), destination=destination
-    )
-    events = prefill.stub.Prefill(request, timeout=120)
-    first = next(events).first_token
+    events, first = _prefill_until_first_token(prefill, decode, "gone-2", prompt)
     events.cancel()
     chunks = list(decode.stub.Decode(_decode_request("gone-2", prompt, first, 30.0), timeout=60))
     assert sum(len(c.token_ids) for c in chunks) == 15 and chunks[-1].finish_reason == "length"
