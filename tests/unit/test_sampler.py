@@ -60,6 +60,15 @@ def test_greedy_is_argmax_on_fast_and_slow_paths() -> None:
     assert fast[0].logprob is None and fast[0].top_logprobs == ()
 
 
+def test_greedy_ties_take_the_first_maximal_token_on_both_paths() -> None:
+    logits = torch.zeros(2, VOCAB)
+    logits[0, [9, 5, 40]] = 2.0  # the first maximal index is 5
+    logits[1, 30:] = 1.0
+    fast = Sampler()(logits, [_req(temperature=0.0), _req(temperature=0.0)])
+    slow = Sampler()(logits, [_req(temperature=0.0, logprobs=1), _req(temperature=0.0)])
+    assert [r.token_id for r in fast] == [5, 30] == [r.token_id for r in slow]
+
+
 def test_greedy_does_not_modify_callers_logits() -> None:
     logits = _logits(2)
     before = logits.clone()
