@@ -52,7 +52,7 @@ class FloorResult:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
-    workload = _load_workload(args.num_requests, args.max_output, args.seed)
+    workload = load_workload(args.num_requests, args.max_output, args.seed)
     print(_describe_workload(workload, args.seed))
     floor = compute_floor(workload, args.dtype, args.token_budget, args.max_seqs)
     results = _reused_results(args)
@@ -120,7 +120,7 @@ def _system(name: str, args: argparse.Namespace) -> RunSystem:
     return run_pdserve
 
 
-def _load_workload(num_requests: int, max_output: int | None, seed: int) -> list[WorkloadItem]:
+def load_workload(num_requests: int, max_output: int | None, seed: int) -> list[WorkloadItem]:
     tokenize = load_tokenize(default_model_file())
     workload = build_workload(tokenize, WorkloadSpec(num_requests=num_requests, seed=seed))
     return workload if max_output is None else cap_output_tokens(workload, max_output)

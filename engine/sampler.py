@@ -89,8 +89,8 @@ class Sampler:
         if all(_is_plain_greedy(r.params) for r in requests):
             # The common decode case: one argmax, no copies. max().indices is argmax (the
             # first maximal index of each row) on a kernel measured 3x faster on CPU.
-            token_ids = logits.max(dim=-1).indices.tolist()
-            return [SampleResult(t, None, ()) for t in token_ids]
+            greedy_ids = logits.max(dim=-1).indices.tolist()
+            return [SampleResult(t, None, ()) for t in greedy_ids]
         logits = logits.float().clone()  # [num_rows, vocab]; penalties write in place
         _apply_penalties(logits, requests)
         sampled_rows = [i for i, r in enumerate(requests) if not r.params.greedy]

@@ -1,0 +1,156 @@
+"""Where our engine's time goes against the floor, step by step.
+
+    python -m bench.step_profile --dtype bf16 [--num-requests 64] [--max-output N]
+
+Runs the engine throughput workload (``bench/workload.py``) through our engine alone, times
+every engine step, and applies the floor of ``bench/floor.py`` to each step the engine
+really ran (its tokens, attended positions, KV read and sampled rows) rather than to the
+ideal schedule. Steps are grouped by kind: decode-only (by batch size, in buckets of 16),
+prefill-only and mixed. A kind whose ratio stands out is where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from bench.baselines_hf import torch_dtype
+from bench.engine_throughput import load_workload
+from bench.floor import ModelShape, Roofline, StepShape, measure_roofline, step_floor_s
+from bench.pdserve_offline import DTYPES
+from engine.engine import LLMEngine
+from engine.outputs import StepOutput
+from engine.scheduler.plan import BatchPlan
+
+DECODE_BUCKET = 16  # decode-only steps are grouped by batch size, rounded up to this
+
+
+def step_shape(plan: BatchPlan) -> StepShape:
+    """The cost-relevant shape of a step the engine ran (see ``bench.floor.StepShape``)."""
+    chunks = plan.chunks
+    # token j (0-based) of a chunk starting at position s attends to s + j + 1 positions
+    attended = sum(
+        c.num_tokens * c.start_pos + c.num_tokens * (c.num_tokens + 1) // 2 for c in chunks
+    )
+    return StepShape(
+        num_tokens=plan.num_batched_tokens,
+        attended_context_tokens=attended,
+        num_sampled=sum(c.sample for c in chunks),
+        kv_read_tokens=sum(c.start_pos for c in chunks),
+    )
+
+
+def step_kind(plan: BatchPlan) -> str:
+    """``decode B<=n``, ``prefill`` or ``mixed``; a chunk of one token counts as a decode."""
+    decodes = sum(c.num_tokens == 1 for c in plan.chunks)
+    if decodes == len(plan.chunks):
+        bucket = -(-decodes // DECODE_BUCKET) * DECODE_BUCKET
+        return f"decode B<={bucket}"
+    return "prefill" if decodes == 0 else "mixed"
+
+
+@dataclass(slots=True)
+class KindTotals:
+    steps: int = 0
+    engine_s: float = 0.0
+    floor_s: float = 0.0
+    tokens: int = 0
+
+
+def summarize(
+    records: Iterable[tuple[float, BatchPlan]], floor_of: Callable[[StepShape], float]
+) -> dict[str, KindTotals]:
+    """Engine seconds and floor seconds per step kind, kinds in sorted order."""
+    totals: dict[str, KindTotals] = {}
+    for seconds, plan in records:
+        shape = step_shape(plan)
+        kind = totals.setdefault(step_kind(plan), KindTotals())
+        kind.steps += 1
+        kind.engine_s += seconds
+        kind.floor_s += floor_of(shape)
+        kind.tokens += shape.num_tokens
+    return dict(sorted(totals.items()))
+
+
+def format_summary(totals: dict[str, KindTotals], roof: Roofline, dtype: str) -> str:
+    header = (
+        f"{'step kind':<14} {'steps':>6} {'tokens':>7} {'engine_s':>9} {'floor_s':>8} "
+        f"{'ratio':>6} {'ms/step':>8} {'floor ms':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    everything = KindTotals()
+    for name, kind in [*totals.items(), ("all", everything)]:
+        if name != "all":
+            everything.steps += kind.steps
+            everything.engine_s += kind.engine_s
+            everything.floor_s += kind.floor_s
+            everything.tokens += kind.tokens
+        lines.append(
+            f"{name:<14} {kind.steps:>6} {kind.tokens:>7} {kind.engine_s:>9.2f} "
+            f"{kind.floor_s:>8.2f} {kind.engine_s / kind.floor_s:>5.2f}x "
+            f"{1000 * kind.engine_s / kind.steps:>8.1f} {1000 * kind.floor_s / kind.steps:>9.1f}"
+        )
+    lines.append(
+        f"floor ({dtype}): memory bandwidth {roof.memory_bandwidth_gb_s:.1f} GB/s, "
+        f"matmul {roof.matmul_gflop_s:.0f} GFLOP/s, measured in this run"
+    )
+    return "\n".join(lines)
+
+
+class StepRecorder:
+    """Times each ``engine.step()`` and keeps the plan its runner executed (by wrapping both
+    methods of this one engine: a measuring tool, not a hook the engine offers)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.records: list[tuple[float, BatchPlan]] = []
+        self._plan: BatchPlan | None = None
+        execute, step = engine.runner.execute, engine.step
+
+        def recording_execute(plan: BatchPlan) -> torch.Tensor:
+            self._plan = plan
+            return execute(plan)
+
+        def timed_step() -> list[StepOutput]:
+            start_s = time.perf_counter()
+            outputs = step()
+            if self._plan is not None:  # an empty plan never reaches the runner
+                self.records.append((time.perf_counter() - start_s, self._plan))
+                self._plan = None
+            return outputs
+
+        engine.runner.execute = recording_execute  # type: ignore[method-assign]
+        engine.step = timed_step  # type: ignore[method-assign]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from engine import LLM, SamplingParams
+
+    args = _parse_args(argv)
+    workload = load_workload(args.num_requests, args.max_output, seed=0)
+    dtype = torch_dtype(args.dtype)
+    roof = measure_roofline(dtype)
+    llm = LLM(dtype=DTYPES[args.dtype], max_model_len=max(len(p) + o for p, o in workload) + 1)
+    recorder = StepRecorder(llm.engine)
+    params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in workload]
+    llm.generate([list(p) for p, _ in workload], params, use_tqdm=True)
+    model = ModelShape()
+    totals = summarize(
+        recorder.records, lambda shape: step_floor_s(shape, model, roof, dtype.itemsize)
+    )
+    print(format_summary(totals, roof, args.dtype))
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--max-output", type=int, default=None, help="cap output lengths")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main()
