@@ -102,10 +102,10 @@ def _best_time_s(fn: Callable[[], object], repeats: int) -> float:
     return best_s
 
 
-def step_floor_s(
+def step_costs_s(
     step: StepShape, model: ModelShape, roof: Roofline, bytes_per_element: int
-) -> float:
-    """max(bytes / bandwidth, FLOPs / matmul throughput) for one step."""
+) -> tuple[float, float]:
+    """(bytes / bandwidth, FLOPs / matmul throughput) of one step, in seconds."""
     weight_params = model.num_layers * model.layer_params
     if step.num_sampled:
         weight_params += model.lm_head_params
@@ -119,9 +119,14 @@ def step_floor_s(
         4 * step.attended_context_tokens * model.num_heads * model.head_dim * model.num_layers
     )
     flops = linear_flops + lm_head_flops + attention_flops
-    return max(
-        bytes_moved / (roof.memory_bandwidth_gb_s * 1e9), flops / (roof.matmul_gflop_s * 1e9)
-    )
+    return bytes_moved / (roof.memory_bandwidth_gb_s * 1e9), flops / (roof.matmul_gflop_s * 1e9)
+
+
+def step_floor_s(
+    step: StepShape, model: ModelShape, roof: Roofline, bytes_per_element: int
+) -> float:
+    """max(bytes / bandwidth, FLOPs / matmul throughput) for one step."""
+    return max(step_costs_s(step, model, roof, bytes_per_element))
 
 
 def floor_s(

@@ -7,6 +7,11 @@ every engine step, and applies the floor of ``bench/floor.py`` to each step the 
 really ran (its tokens, attended positions, KV read and sampled rows) rather than to the
 ideal schedule. Steps are grouped by kind: decode-only (by batch size, in buckets of 16),
 prefill-only and mixed. A kind whose ratio stands out is where the time goes.
+
+Next to the floor (memory time and matmul time overlapped: their max) it prints the serial
+floor (their sum): what a step costs when its memory-bound part (decode attention reading
+the KV) and its compute-bound part (the linears) run one after the other, as separate
+kernels on the same cores do.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 
 from bench.baselines_hf import torch_dtype
 from bench.engine_throughput import load_workload
-from bench.floor import ModelShape, Roofline, StepShape, measure_roofline, step_floor_s
+from bench.floor import ModelShape, Roofline, StepShape, measure_roofline, step_costs_s
 from bench.pdserve_offline import DTYPES
 from engine.engine import LLMEngine
 from engine.outputs import StepOutput
@@ -57,41 +62,49 @@ def step_kind(plan: BatchPlan) -> str:
 class KindTotals:
     steps: int = 0
     engine_s: float = 0.0
-    floor_s: float = 0.0
+    floor_s: float = 0.0  # sum over steps of max(memory, compute)
+    serial_s: float = 0.0  # sum over steps of memory + compute
     tokens: int = 0
+
+    def add(self, other: KindTotals) -> None:
+        self.steps += other.steps
+        self.engine_s += other.engine_s
+        self.floor_s += other.floor_s
+        self.serial_s += other.serial_s
+        self.tokens += other.tokens
 
 
 def summarize(
-    records: Iterable[tuple[float, BatchPlan]], floor_of: Callable[[StepShape], float]
+    records: Iterable[tuple[float, BatchPlan]],
+    costs_of: Callable[[StepShape], tuple[float, float]],
 ) -> dict[str, KindTotals]:
-    """Engine seconds and floor seconds per step kind, kinds in sorted order."""
+    """Engine and floor seconds per step kind, kinds in sorted order; ``costs_of`` gives a
+    step's (memory, compute) seconds."""
     totals: dict[str, KindTotals] = {}
     for seconds, plan in records:
         shape = step_shape(plan)
-        kind = totals.setdefault(step_kind(plan), KindTotals())
-        kind.steps += 1
-        kind.engine_s += seconds
-        kind.floor_s += floor_of(shape)
-        kind.tokens += shape.num_tokens
+        memory_s, compute_s = costs_of(shape)
+        step = KindTotals(
+            1, seconds, max(memory_s, compute_s), memory_s + compute_s, shape.num_tokens
+        )
+        totals.setdefault(step_kind(plan), KindTotals()).add(step)
     return dict(sorted(totals.items()))
 
 
 def format_summary(totals: dict[str, KindTotals], roof: Roofline, dtype: str) -> str:
     header = (
         f"{'step kind':<14} {'steps':>6} {'tokens':>7} {'engine_s':>9} {'floor_s':>8} "
-        f"{'ratio':>6} {'ms/step':>8} {'floor ms':>9}"
+        f"{'ratio':>6} {'serial_s':>9} {'ratio':>6} {'ms/step':>8} {'floor ms':>9}"
     )
     lines = [header, "-" * len(header)]
     everything = KindTotals()
+    for kind in totals.values():
+        everything.add(kind)
     for name, kind in [*totals.items(), ("all", everything)]:
-        if name != "all":
-            everything.steps += kind.steps
-            everything.engine_s += kind.engine_s
-            everything.floor_s += kind.floor_s
-            everything.tokens += kind.tokens
         lines.append(
             f"{name:<14} {kind.steps:>6} {kind.tokens:>7} {kind.engine_s:>9.2f} "
             f"{kind.floor_s:>8.2f} {kind.engine_s / kind.floor_s:>5.2f}x "
+            f"{kind.serial_s:>9.2f} {kind.engine_s / kind.serial_s:>5.2f}x "
             f"{1000 * kind.engine_s / kind.steps:>8.1f} {1000 * kind.floor_s / kind.steps:>9.1f}"
         )
     lines.append(
@@ -139,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     llm.generate([list(p) for p, _ in workload], params, use_tqdm=True)
     model = ModelShape()
     totals = summarize(
-        recorder.records, lambda shape: step_floor_s(shape, model, roof, dtype.itemsize)
+        recorder.records, lambda shape: step_costs_s(shape, model, roof, dtype.itemsize)
     )
     print(format_summary(totals, roof, args.dtype))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from bench.floor import StepShape
 from bench.step_profile import step_kind, step_shape, summarize
 from engine.scheduler.plan import BatchPlan, ScheduledChunk
@@ -30,8 +32,11 @@ def test_step_kind_buckets_decodes_by_batch_size() -> None:
 def test_summarize_adds_engine_and_floor_seconds_per_kind() -> None:
     decode, prefill = BatchPlan(chunks=(_chunk(3, 1),)), BatchPlan(chunks=(_chunk(0, 6),))
     records = [(0.5, decode), (0.25, prefill), (1.0, decode)]
-    totals = summarize(records, lambda shape: 0.1 * shape.num_tokens)
+    # memory 0.1 s and compute 0.3 s per token: floor 0.3, serial floor 0.4 per token
+    totals = summarize(records, lambda shape: (0.1 * shape.num_tokens, 0.3 * shape.num_tokens))
     assert list(totals) == ["decode B<=16", "prefill"]
-    assert (totals["decode B<=16"].steps, totals["decode B<=16"].engine_s) == (2, 1.5)
-    assert abs(totals["decode B<=16"].floor_s - 0.2) < 1e-12
-    assert (totals["prefill"].tokens, abs(totals["prefill"].floor_s - 0.6) < 1e-12) == (6, True)
+    decodes, prefills = totals["decode B<=16"], totals["prefill"]
+    assert (decodes.steps, decodes.engine_s, decodes.tokens) == (2, 1.5, 2)
+    assert math.isclose(decodes.floor_s, 0.6) and math.isclose(decodes.serial_s, 0.8)
+    assert (prefills.steps, prefills.tokens) == (1, 6)
+    assert math.isclose(prefills.floor_s, 1.8) and math.isclose(prefills.serial_s, 2.4)
