@@ -3,7 +3,7 @@
     python -m bench.router_overhead [--mode colocated|disagg] [--requests 4000]
                                     [--concurrency 64] [--clients 2] [--router-processes 1]
                                     [--loop auto|uvloop|asyncio] [--latency-requests 300]
-                                    [--max-tokens 4] [--json out.json]
+                                    [--max-tokens 4] [--locality] [--json out.json]
 
 Processes: stub worker(s) (``tests/integration/stub_worker.py``: a real gRPC server that
 answers at once, no model), the router (gRPC Inference server, token-id prompts;
@@ -15,6 +15,11 @@ Prefill, Decode) and through the router; added p50 = router p50 - direct p50. Th
 the router. CPU per request is read from /proc for every process tree over the throughput
 run: it does not depend on how busy the machine was, unlike req/s, which on a small
 machine is bounded by the client and the stubs sharing the router's cores.
+
+``--locality`` routes as ``pdserve up`` does: each prompt's block hashes are computed and
+looked up in a Redis locality index (an embedded redis-server started for the run, empty,
+so every lookup is a full round trip that finds nothing) and in the router's own placement
+memory. Without it the router has no index and skips both.
 """
 
 from __future__ import annotations
@@ -78,8 +83,11 @@ class BenchTokenizer:
         return "".join(chr(i) for i in ids)
 
 
-async def bench_router(workers: Sequence[str], config: RouterConfig) -> RouterService:
-    """The router with its default policy, in front of ``id=role@host:port`` workers."""
+async def bench_router(
+    workers: Sequence[str], redis_url: str | None, config: RouterConfig
+) -> RouterService:
+    """The router with its default policy, in front of ``id=role@host:port`` workers; with
+    ``redis_url``, also a Redis locality index and the engine's block hasher."""
     from router.directory import StaticWorkerDirectory, WorkerInfo
     from router.policies import WorkerRole
     from router.service import start_router
@@ -89,14 +97,30 @@ async def bench_router(workers: Sequence[str], config: RouterConfig) -> RouterSe
         worker_id, rest = spec.split("=", 1)
         role, address = rest.split("@", 1)
         infos.append(WorkerInfo(worker_id, address, WorkerRole(role)))
-    return await start_router(config, BenchTokenizer(), StaticWorkerDirectory(infos))
+    directory = StaticWorkerDirectory(infos)
+    if redis_url is None:
+        return await start_router(config, BenchTokenizer(), directory)
+    from cluster.locality_index import LocalityIndex
+    from cluster.redis_keys import RedisKeys
+    from cluster.router_start import RedisRouterSpec
+    from cluster.router_wiring import RedisLocality
+    from router.batched_lookups import BatchedLookups
+    from router.locality import engine_prompt_hasher
+
+    client = RedisRouterSpec(redis_url, "pdserve-bench", 10.0, BenchTokenizer.model_id).client()
+    locality = RedisLocality(LocalityIndex(client, RedisKeys("pdserve-bench")))
+    hasher = engine_prompt_hasher(BenchTokenizer.model_id, config.block_size)
+    lookups = BatchedLookups(locality)  # as cluster/router_start.py wires it
+    return await start_router(config, BenchTokenizer(), directory, lookups, hasher)
 
 
-async def serve_router(workers: Sequence[str], port: int, processes: int, loop: LoopKind) -> None:
+async def serve_router(
+    workers: Sequence[str], port: int, processes: int, loop: LoopKind, redis_url: str | None
+) -> None:
     from router.processes import start_router_processes
 
     config = RouterConfig(grpc_port=port, http_port=0, max_concurrent_requests=100_000)
-    factory = partial(bench_router, tuple(workers))
+    factory = partial(bench_router, tuple(workers), redis_url)
     group = await start_router_processes(config, factory, processes, loop)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -190,11 +214,12 @@ _ARGS = (
     "connections",
     "router_processes",
     "latency_requests",
+    "locality",
 )
 
 
 def start_processes(
-    args: argparse.Namespace,
+    args: argparse.Namespace, redis_url: str | None
 ) -> tuple[dict[str, str], str, list[subprocess.Popen[bytes]]]:
     roles = {"w0": "colocated"} if args.mode == "colocated" else {"p0": "prefill", "d0": "decode"}
     stubs = {name: f"127.0.0.1:{free_port()}" for name in roles}
@@ -217,6 +242,8 @@ def start_processes(
     ]
     specs = [f"{name}={roles[name]}@{address}" for name, address in stubs.items()]
     serve = ["--router-processes", str(args.router_processes), "--loop", args.loop]
+    if redis_url is not None:
+        serve += ["--redis-url", redis_url]
     procs.append(
         spawn_module(
             "bench.router_overhead",
@@ -239,7 +266,16 @@ def wait_router(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    stubs, router, procs = start_processes(args)
+    if not args.locality:
+        return run_bench_with(args, None)
+    from cluster.redis_server import RedisServer
+
+    with RedisServer() as redis_server:
+        return run_bench_with(args, redis_server.url)
+
+
+def run_bench_with(args: argparse.Namespace, redis_url: str | None) -> dict[str, Any]:
+    stubs, router, procs = start_processes(args, redis_url)
     try:
         wait_router(procs[-1])
         pids = {"router": [procs[-1].pid], "stubs": [p.pid for p in procs[:-1]]}
@@ -263,7 +299,8 @@ def report(result: dict[str, Any]) -> str:
         [
             f"router overhead ({result['mode']}, {result['max_tokens']} tokens/request, "
             f"{result['router_processes']} router process(es), event loop {result['loop']}, "
-            f"{cpus} CPUs shared by clients, router and stubs)",
+            f"{cpus} CPUs shared by clients, router and stubs"
+            f"{', Redis locality index' if result['locality'] else ', no locality index'})",
             f"  latency, 1 in flight, {result['latency_requests']} requests (ms):",
             f"    direct to stub   p50 {d['p50']:.3f}  p90 {d['p90']:.3f}  p99 {d['p99']:.3f}",
             f"    through router   p50 {r['p50']:.3f}  p90 {r['p90']:.3f}  p99 {r['p99']:.3f}",
@@ -293,7 +330,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loop", choices=LOOP_KINDS, default="auto", help="every process's")
     parser.add_argument("--latency-requests", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument(
+        "--locality", action="store_true", help="look prompts up in a Redis locality index"
+    )
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--redis-url", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--serve-router", nargs="+", metavar="ADDR|WORKER", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -303,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve_router:
         address, *workers = args.serve_router
         port = int(address.rsplit(":", 1)[1])
-        run(serve_router(workers, port, args.router_processes, args.loop), args.loop)
+        serving = serve_router(workers, port, args.router_processes, args.loop, args.redis_url)
+        run(serving, args.loop)
         return 0
     counts = (args.requests, args.concurrency, args.clients, args.connections)
     if min(*counts, args.router_processes, args.latency_requests, args.max_tokens) < 1:

@@ -133,12 +133,38 @@ class LocalityIndex:
         Workers without a live lease, or whose entries are not current (new epoch not yet
         published, snapshot awaited), count 0.
         """
-        ids = list(dict.fromkeys(check_worker_id(w) for w in worker_ids))
-        packed = pack_block_hashes(block_hashes)
-        if not ids or not packed:
-            return dict.fromkeys(ids, 0)
-        counts = self._lookup(args=[self._keys.prefix, len(ids), *ids, packed])
-        return {w: int(c) for w, c in zip(ids, counts, strict=True)}
+        return self.longest_prefix_many([(block_hashes, worker_ids)])[0]
+
+    def longest_prefix_many(
+        self, queries: Sequence[tuple[Sequence[int | bytes], Sequence[str]]]
+    ) -> list[dict[str, int]]:
+        """``longest_prefix`` of each (block hashes, worker ids) query, all in one round trip
+        (one pipeline); the router batches concurrent requests' lookups this way."""
+        prepared = []
+        for block_hashes, worker_ids in queries:
+            ids = list(dict.fromkeys(check_worker_id(w) for w in worker_ids))
+            prepared.append((ids, pack_block_hashes(block_hashes)))
+        lookups = [(ids, packed) for ids, packed in prepared if ids and packed]
+        try:
+            replies = iter(self._run_lookups(lookups))
+        except redis.exceptions.NoScriptError:  # Redis restarted and lost its script cache
+            self._client.script_load(self._lookup.script)
+            replies = iter(self._run_lookups(lookups))
+        answers = []
+        for ids, packed in prepared:
+            counts = next(replies) if ids and packed else [0] * len(ids)
+            answers.append({w: int(c) for w, c in zip(ids, counts, strict=True)})
+        return answers
+
+    def _run_lookups(self, lookups: Sequence[tuple[list[str], bytes]]) -> list[list[int]]:
+        """EVALSHA straight into the pipeline: a ``Script`` there would first ask whether the
+        script exists, a second round trip on every call."""
+        if not lookups:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for ids, packed in lookups:
+            pipe.evalsha(self._lookup.sha, 0, self._keys.prefix, len(ids), *ids, packed)
+        return list(pipe.execute())
 
     def sweep(self) -> list[str]:
         """Drop the entries of workers whose lease lapsed or epoch changed; return their ids."""

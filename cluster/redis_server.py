@@ -151,6 +151,11 @@ class RedisServer:
         return redis_url(self.config.host, self.port, self.config.password)
 
     @property
+    def pid(self) -> int | None:
+        """The redis-server child's process id while it runs."""
+        return self._proc.pid if self.is_running and self._proc is not None else None
+
+    @property
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

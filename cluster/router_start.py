@@ -22,6 +22,7 @@ from cluster.router_wiring import (
     RouterTokenizer,
     load_router_tokenizer,
 )
+from router.batched_lookups import BatchedLookups
 from router.config import RouterConfig
 from router.locality import engine_prompt_hasher
 from router.service import RouterService, start_router
@@ -61,7 +62,8 @@ async def start_redis_router(
     same Redis, under the same key prefix."""
     hasher = engine_prompt_hasher(tokenizer.model_id, config.block_size)
     slo = replace(config.slo, redis_url=spec.redis_url, redis_prefix=spec.key_prefix)
-    return await start_router(replace(config, slo=slo), tokenizer, directory, locality, hasher)
+    lookups = BatchedLookups(locality)  # off the event loop, batched under load
+    return await start_router(replace(config, slo=slo), tokenizer, directory, lookups, hasher)
 
 
 async def router_process(spec: RedisRouterSpec, config: RouterConfig) -> RouterService:

@@ -141,21 +141,27 @@ class RedisLocality:
     def longest_prefix(
         self, block_hashes: Sequence[int | bytes], worker_ids: Sequence[str]
     ) -> dict[str, int]:
+        return self.longest_prefix_many([(block_hashes, worker_ids)])[0]
+
+    def longest_prefix_many(
+        self, queries: Sequence[tuple[Sequence[int | bytes], Sequence[str]]]
+    ) -> list[dict[str, int]]:
+        """One answer per query, in one round trip; all empty while Redis is down."""
         now = time.monotonic()
         if now < self._down_until_s:
-            return {}
+            return [{} for _ in queries]
         try:
-            counts = self._index.longest_prefix(block_hashes, worker_ids)
+            answers = self._index.longest_prefix_many(queries)
         except _REDIS_DOWN as err:
             self._down_until_s = now + self.retry_s
             if self._outage is None:
                 self._outage = repr(err)
                 log.warning("locality index unreachable; routing on load alone: %r", err)
-            return {}
+            return [{} for _ in queries]
         if self._outage is not None:
             log.warning("locality index reachable again; prefix-aware routing resumes")
             self._outage = None
-        return counts
+        return answers
 
 
 class RouterTokenizer:

@@ -6,7 +6,7 @@ answers in one round trip. ``InProcessLocalityIndex`` serves tests and one-proce
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Protocol
 
 from engine.kv_cache.hashing import BlockHash, block_hashes, make_extra_keys
@@ -50,8 +50,9 @@ class LocalityIndex(Protocol):
 
     def longest_prefix(
         self, block_hashes: Sequence[BlockHash], worker_ids: Sequence[str]
-    ) -> dict[str, int]:
-        """For each worker id, how many leading ``block_hashes`` that worker holds."""
+    ) -> dict[str, int] | Awaitable[dict[str, int]]:
+        """For each worker id, how many leading ``block_hashes`` that worker holds; now, or
+        as an awaitable (``router/batched_lookups.py``)."""
         ...
 
 

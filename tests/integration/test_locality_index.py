@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -18,6 +21,9 @@ from cluster.locality_index import ApplyStatus, LocalityIndex
 from cluster.redis_keys import RedisKeys
 from cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
 from cluster.registry import HeartbeatStatus, WorkerInfo, WorkerLoad, WorkerRegistry, WorkerRole
+from cluster.router_wiring import RedisLocality
+from router.batched_lookups import BatchedLookups
+from tests.loop_ticks import LoopTicks
 
 WORKERS = ("w0", "w1")
 UNIVERSE = range(10)
@@ -293,6 +299,60 @@ def test_lookup_256_blocks_one_round_trip(
 def _evalsha_calls(client: redis.Redis) -> int:
     stats = client.info("commandstats")
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_many_lookups_share_one_round_trip(
+    counting_client: tuple[redis.Redis, Callable[[], int]], keys: RedisKeys
+) -> None:
+    client, sent = counting_client
+    registry, index = WorkerRegistry(client, keys, lease_s=30), LocalityIndex(client, keys)
+    for worker_id, held in (("w0", [1, 2, 3]), ("w1", [1, 9])):
+        index.apply([_Worker(worker_id, registry).seq.stored(held)])
+    queries = [([1, 2, 3, 4], ["w0", "w1"]), ([9], ["w1"]), ([], ["w0"]), ([1, 9], ["w1", "w0"])]
+    before = sent()
+    answers = index.longest_prefix_many(queries)
+    assert sent() - before == 1, "one pipeline, one request"
+    assert answers == [
+        {"w0": 3, "w1": 1},
+        {"w1": 1},
+        {"w0": 0},
+        {"w1": 2, "w0": 1},
+    ]
+    assert answers == [index.longest_prefix(h, w) for h, w in queries]
+
+
+def test_a_hung_redis_costs_a_lookup_its_timeout_not_the_event_loop() -> None:
+    """redis-server stopped (SIGSTOP), not gone: a blocking client call would hold the
+    router's event loop for the whole socket timeout; the batched lookup answers empty
+    within its own timeout, and the loop keeps running meanwhile."""
+    server = RedisServer(RedisServerConfig(port=free_loopback_port())).start()
+    try:
+        client = redis.Redis.from_url(server.url, socket_timeout=2.0)
+        keys = RedisKeys("hung:")
+        registry, index = WorkerRegistry(client, keys, lease_s=30), LocalityIndex(client, keys)
+        index.apply([_Worker("w0", registry).seq.stored([1, 2])])
+        lookups = BatchedLookups(RedisLocality(index), timeout_s=0.2)
+
+        async def scenario() -> tuple[dict[str, int], dict[str, int], float, int]:
+            healthy = await lookups.longest_prefix([1, 2], ["w0"])
+            assert server.pid is not None
+            os.kill(server.pid, signal.SIGSTOP)
+            async with LoopTicks(period_s=0.005) as ticks:
+                start_s = time.monotonic()
+                hung = await lookups.longest_prefix([1, 2], ["w0"])
+                waited_s = time.monotonic() - start_s
+            os.kill(server.pid, signal.SIGCONT)
+            return healthy, hung, waited_s, ticks.count
+
+        healthy, hung, waited_s, ticks = asyncio.run(scenario())
+        assert healthy == {"w0": 2} and hung == {}
+        assert waited_s < 1.0, f"the lookup waited {waited_s:.2f} s, past its 0.2 s timeout"
+        assert ticks >= 20, "the event loop stalled while Redis hung"
+        client.close()
+    finally:
+        if server.pid is not None:
+            os.kill(server.pid, signal.SIGCONT)
+        server.stop()
 
 
 def test_bytes_hashes_and_bad_input(registry: WorkerRegistry, index: LocalityIndex) -> None:
