@@ -52,11 +52,13 @@ class BatchedLookups:
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_batches())
         try:
-            # shield: a late answer must not cancel the batch it belongs to
+            # shield: giving up on one answer must not cancel the batch it belongs to
             return await asyncio.wait_for(asyncio.shield(answer), self.timeout_s)
         except TimeoutError:
-            answer.cancel()  # done now: its batch (if not yet out) will leave without it
             return {}
+        finally:
+            # Timed out, or the request was cancelled: a batch not yet out leaves without it.
+            answer.cancel()  # (a no-op once answered)
 
     async def _send_batches(self) -> None:
         while self._waiting:

@@ -347,7 +347,7 @@ def test_a_hung_redis_costs_a_lookup_its_timeout_not_the_event_loop() -> None:
         healthy, hung, waited_s, ticks = asyncio.run(scenario())
         assert healthy == {"w0": 2} and hung == {}
         assert waited_s < 1.0, f"the lookup waited {waited_s:.2f} s, past its 0.2 s timeout"
-        assert ticks >= 20, "the event loop stalled while Redis hung"
+        assert ticks >= 10, "the event loop stalled while Redis hung"
         client.close()
     finally:
         if server.pid is not None:

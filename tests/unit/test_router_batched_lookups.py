@@ -72,6 +72,24 @@ def test_a_stuck_index_times_out_without_blocking_the_loop() -> None:
     asyncio.run(scenario())
 
 
+def test_a_cancelled_request_s_lookup_is_not_sent() -> None:
+    async def scenario() -> None:
+        index = FakeBatchIndex(hold_first=True)
+        lookups = BatchedLookups(index, timeout_s=5)
+        first = asyncio.create_task(lookups.longest_prefix([1], ["w0"]))
+        await _until(lambda: len(index.batches) == 1)
+        gone = asyncio.create_task(lookups.longest_prefix([2], ["w0"]))  # its client leaves
+        kept = asyncio.create_task(lookups.longest_prefix([3], ["w0"]))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+        index.release.set()
+        assert (await first, await kept) == ({"w0": 1}, {"w0": 3})
+        assert index.batches[1] == [([3], ["w0"])]
+
+    asyncio.run(scenario())
+
+
 def test_a_failing_batch_answers_empty_and_the_next_one_works() -> None:
     async def scenario() -> None:
         index = FakeBatchIndex()
