@@ -1,30 +1,22 @@
 """The native paged decode kernel (``paged_decode.c``): built at first use, called via ctypes.
 
-The C source ships with the package; the first process that wants it compiles it with the
-system C compiler (``cc``, about a second) into the pdserve cache directory, keyed by the
-source, the flags and this CPU's feature flags (``-march=native``), and later processes load
-that file. The result is written to a temporary name and renamed, so workers starting at
-once never load a half-written library. Without a compiler (or on a failed build) the loader
-returns None with the reason logged, and the CPU backend keeps its pure-torch decode path.
+``engine/native_build.py`` compiles it once per machine into the pdserve cache directory.
+Without a compiler (or on a failed build) the loader returns None with the reason logged,
+and the CPU backend keeps its pure-torch decode path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.paths import cache_dir
+from engine.native_build import BASE_CFLAGS, load_library
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +24,7 @@ SOURCE = Path(__file__).with_name("paged_decode.c")
 # FMA contraction and the freedom to reorder around signed zeros let the dot products and
 # the softmax vectorize (measured 1.2x); unlike -ffast-math this keeps inf/NaN semantics and
 # links no startup code that would flush denormals for the whole process.
-CFLAGS = (
-    "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11",
-    "-ffp-contract=fast", "-fno-signed-zeros", "-fno-trapping-math",
-)  # fmt: skip
-BUILD_TIMEOUT_S = 120
+CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-signed-zeros", "-fno-trapping-math")
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
@@ -91,51 +79,9 @@ class PagedDecodeKernel:
 def load_paged_decode() -> PagedDecodeKernel | None:
     """The kernel, building it on first use; None (reason logged) when it cannot be built."""
     try:
-        library = ctypes.CDLL(str(_built_library()))
+        library = load_library(SOURCE, CFLAGS)
     except (OSError, subprocess.SubprocessError) as err:
         log.warning("native paged decode kernel unavailable, using the torch path: %s", err)
         return None
+    log.info("native paged decode kernel loaded from %s", library._name)
     return PagedDecodeKernel(library)
-
-
-def _built_library() -> Path:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler (cc or gcc) on PATH")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(CFLAGS).encode() + _cpu_identity()).hexdigest()
-    target = cache_dir() / "native" / f"paged_decode-{key[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        _compile(compiler, temp_name)
-        os.replace(temp_name, target)  # atomic: a concurrent loader sees all or nothing
-    finally:
-        if os.path.exists(temp_name):
-            os.unlink(temp_name)
-    for stale in target.parent.glob("paged_decode-*.so"):
-        if stale != target:  # older sources or flags; a process using one keeps its mapping
-            stale.unlink(missing_ok=True)
-    log.info("built the native paged decode kernel: %s", target)
-    return target
-
-
-def _compile(compiler: str, output: str) -> None:
-    command = [compiler, *CFLAGS, str(SOURCE), "-o", output, "-lm"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    if done.returncode != 0:
-        raise OSError(f"`{' '.join(command)}` failed ({done.returncode}): {done.stderr[-2000:]}")
-
-
-def _cpu_identity() -> bytes:
-    """What ``-march=native`` depends on: the machine and its CPU feature flags."""
-    flags = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        flags = platform.processor()
-    return f"{platform.machine()}|{flags}".encode()

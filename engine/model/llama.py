@@ -26,6 +26,7 @@ from torch import nn
 
 from engine.attention.base import AttentionMetadata
 from engine.model.config import ModelConfig
+from engine.model.fused_ops import fused_ops
 from engine.model.packed_linear import PackedLinear, PackedMLP, project_add
 from engine.model.rope import RotaryEmbedding, apply_rope, rope_inv_freq
 
@@ -37,6 +38,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = fused_ops()
+        fused = None if ops is None else ops.rms_norm(x, self.weight, self.eps)
+        return fused if fused is not None else self.torch_forward(x)
+
+    def torch_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The same norm in torch ops, for what the fused op does not take."""
         if x.dtype == torch.float32:  # one fused op (the two-step form costs a second pass)
             return F.rms_norm(x, (x.shape[-1],), self.weight, eps=self.eps)
         # The reference normalises in fp32, rounds to the model dtype, then scales in it.

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from engine.model.config import ModelConfig, RopeScaling
+from engine.model.fused_ops import fused_ops
 
 
 def rope_inv_freq(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,6 +76,13 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x: [T, heads, head_dim]`` by per-token ``cos/sin: [T, 1, head_dim / 2]``."""
+    ops = fused_ops()
+    rotated = None if ops is None else ops.rope(x, cos, sin)
+    return rotated if rotated is not None else apply_rope_torch(x, cos, sin)
+
+
+def apply_rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope` in torch ops, for what the fused op does not take."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

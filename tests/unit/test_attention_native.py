@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import engine.attention.cpu_prefill as cpu_prefill
 import engine.attention.native as native
+import engine.native_build as native_build
 from engine.attention.native import PagedDecodeKernel, load_paged_decode
 
 LAYERS, BLOCK, HEADS, KV_HEADS = 3, 16, 9, 3
@@ -132,7 +133,7 @@ def test_without_a_compiler_the_loader_reports_and_returns_none(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("PDSERVE_CACHE_DIR", str(tmp_path))  # no library built here yet
-    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
     assert load_paged_decode.__wrapped__() is None
     assert "no C compiler" in caplog.text
 

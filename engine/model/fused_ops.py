@@ -1,0 +1,105 @@
+"""RMSNorm and RoPE in one pass each (``fused_ops.c``): built at first use, called via ctypes.
+
+The model calls :func:`fused_ops` and falls back to its torch code when it returns None (no
+C compiler, a failed build: the reason is logged once) or when a tensor is not one the C
+side takes (not on CPU, another dtype, rows not dense). See the C file for why and for the
+rounding, which matches the torch code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.native_build import BASE_CFLAGS, load_library
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("fused_ops.c")
+# No FMA contraction: each product and sum rounds where torch's separate kernels round.
+CFLAGS = (*BASE_CFLAGS, "-ffp-contract=off")
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_RMS_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
+    _PTR, _I64, _I64, _I64,  # x, x_stride, rows, cols
+    _PTR, ctypes.c_float, _PTR, ctypes.c_int, ctypes.c_int,  # weight, eps, out, dtype, threads
+]  # fmt: skip
+_ROPE_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
+    _PTR, _I64, _I64, _I64, _I64,  # x, x_stride, tokens, heads, head_dim
+    _PTR, _PTR, _PTR, ctypes.c_int, ctypes.c_int,  # cos, sin, out, dtype, threads
+]  # fmt: skip
+
+
+class FusedOps:
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._rms_norm = library.pdserve_rms_norm
+        self._rms_norm.argtypes = _RMS_ARGTYPES
+        self._rms_norm.restype = None
+        self._rope = library.pdserve_rope
+        self._rope.argtypes = _ROPE_ARGTYPES
+        self._rope.restype = None
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+        """``x: [T, hidden]`` normalised and scaled by ``weight``; None if not taken here."""
+        if not (
+            _takes(x, weight)
+            and x.dim() == 2
+            and x.stride(1) == 1
+            and weight.is_contiguous()
+            and weight.shape == x.shape[1:]
+        ):
+            return None
+        rows, cols = x.shape
+        out = torch.empty((rows, cols), dtype=x.dtype)
+        self._rms_norm(
+            x.data_ptr(), x.stride(0), rows, cols, weight.data_ptr(), eps, out.data_ptr(),
+            _DTYPE_CODES[x.dtype], torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+        """``x: [T, heads, head_dim]`` rotated by ``cos``/``sin: [T, 1, head_dim / 2]`` into a
+        new dense tensor; None if not taken here."""
+        if not (
+            _takes(x, cos, sin)
+            and x.dim() == 3
+            and x.stride(2) == 1
+            and x.stride(1) == x.shape[2]
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+            and cos.shape == sin.shape == (x.shape[0], 1, x.shape[2] // 2)
+        ):
+            return None
+        tokens, heads, head_dim = x.shape
+        out = torch.empty((tokens, heads, head_dim), dtype=x.dtype)
+        self._rope(
+            x.data_ptr(), x.stride(0), tokens, heads, head_dim, cos.data_ptr(), sin.data_ptr(),
+            out.data_ptr(), _DTYPE_CODES[x.dtype], torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+
+def _takes(x: torch.Tensor, *others: torch.Tensor) -> bool:
+    """CPU tensors of one dtype the C side knows."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in _DTYPE_CODES
+        and all(t.device.type == "cpu" and t.dtype == x.dtype for t in others)
+    )
+
+
+@functools.cache
+def fused_ops() -> FusedOps | None:
+    """The fused ops, building them on first use; None (reason logged) when they cannot be."""
+    try:
+        library = load_library(SOURCE, CFLAGS)
+    except (OSError, subprocess.SubprocessError) as err:
+        log.warning("fused RMSNorm/RoPE unavailable, using the torch path: %s", err)
+        return None
+    return FusedOps(library)

@@ -1,0 +1,73 @@
+"""Build the engine's C sources into shared libraries at first use, and load them (ctypes).
+
+A C source ships with the package; the first process that wants it compiles it with the
+system C compiler (``cc``, about a second) into the pdserve cache directory, keyed by the
+source, the flags and this CPU's feature flags (``-march=native``), and later processes load
+that file. The result is written to a temporary name and renamed, so workers starting at
+once never load a half-written library. Callers fall back to torch when this raises.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from engine.paths import cache_dir
+
+BUILD_TIMEOUT_S = 120
+# What every library is built with; a source adds its own floating-point flags.
+BASE_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+
+
+def load_library(source: Path, cflags: tuple[str, ...]) -> ctypes.CDLL:
+    """``source`` built with ``cflags`` and loaded; raises OSError or SubprocessError."""
+    return ctypes.CDLL(str(built_library(source, cflags)))
+
+
+def built_library(source: Path, cflags: tuple[str, ...]) -> Path:
+    """The library of ``source``, compiling it unless this machine has it already."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler (cc or gcc) on PATH")
+    text = source.read_bytes()
+    key = hashlib.sha256(text + " ".join(cflags).encode() + _cpu_identity()).hexdigest()
+    target = cache_dir() / "native" / f"{source.stem}-{key[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        _compile(compiler, source, cflags, temp_name)
+        os.replace(temp_name, target)  # atomic: a concurrent loader sees all or nothing
+    finally:
+        if os.path.exists(temp_name):
+            os.unlink(temp_name)
+    for stale in target.parent.glob(f"{source.stem}-*.so"):
+        if stale != target:  # older sources or flags; a process using one keeps its mapping
+            stale.unlink(missing_ok=True)
+    return target
+
+
+def _compile(compiler: str, source: Path, cflags: tuple[str, ...], output: str) -> None:
+    command = [compiler, *cflags, str(source), "-o", output, "-lm"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    if done.returncode != 0:
+        raise OSError(f"`{' '.join(command)}` failed ({done.returncode}): {done.stderr[-2000:]}")
+
+
+def _cpu_identity() -> bytes:
+    """What ``-march=native`` depends on: the machine and its CPU feature flags."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        flags = platform.processor()
+    return f"{platform.machine()}|{flags}".encode()
