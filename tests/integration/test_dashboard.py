@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 import pytest
-from stub_worker import StubCluster, StubWorker, start_stub_cluster
 
 from pdserve_proto import worker_pb2
+from tests.integration.stub_worker import StubCluster, StubWorker, start_stub_cluster
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(

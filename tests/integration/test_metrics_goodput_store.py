@@ -11,13 +11,13 @@ from collections.abc import Callable
 import httpx
 import pytest
 import redis
-from stub_worker import start_stub_cluster
 
 from cluster.redis_keys import RedisKeys
 from cluster.redis_server import RedisServer
 from router.config import RouterConfig
 from router.goodput import RequestSample, SloConfig, goodput_figures
 from router.goodput_store import GoodputStore, StoredGoodput, goodput_key, read_goodput
+from tests.integration.stub_worker import start_stub_cluster
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:

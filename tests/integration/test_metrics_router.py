@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from stub_worker import StubCluster, StubWorker, start_stub_cluster
 
 from bench.serve.server_metrics import METRIC_NAMES, parse_exposition
 from pdserve_proto import worker_pb2
 from router.metered_lifecycle import MeteredLifecycle
+from tests.integration.stub_worker import StubCluster, StubWorker, start_stub_cluster
 
 MODEL = "fake-model"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

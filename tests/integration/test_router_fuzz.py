@@ -28,7 +28,13 @@ import grpc
 import httpx
 import pytest
 from google.protobuf.message import Message
-from grpc_fuzz import (
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pdserve_proto import common_pb2, inference_pb2
+from router.grpc_server import MAX_DEADLINE_S
+from tests.integration.grpc_fuzz import (
     RPCS,
     VALID_MESSAGES,
     bad_generate_requests,
@@ -38,14 +44,8 @@ from grpc_fuzz import (
     reply_content,
     unknown_fields,
 )
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from openapi_fuzz import BadRequest, OpenApiFuzzer
-from stub_worker import StubCluster, start_stub_cluster
-
-from pdserve_proto import common_pb2, inference_pb2
-from router.grpc_server import MAX_DEADLINE_S
+from tests.integration.openapi_fuzz import BadRequest, OpenApiFuzzer
+from tests.integration.stub_worker import StubCluster, start_stub_cluster
 
 MODEL = "fake-model"
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from stub_worker import StubCluster, start_stub_cluster
 
 from router.config import RouterConfig
+from tests.integration.stub_worker import StubCluster, start_stub_cluster
 
 MODEL = "fake-model"
 

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import grpc
 import httpx
 import pytest
-from stub_worker import FakeCharTokenizer, StubCluster, start_stub_cluster
 
 from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
 from router.config import RouterConfig
 from router.locality import InProcessLocalityIndex, engine_prompt_hasher
 from router.policies import WorkerLoad
 from router.request import InMemoryTimingSink
+from tests.integration.stub_worker import FakeCharTokenizer, StubCluster, start_stub_cluster
 
 S = grpc.StatusCode
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from stub_worker import start_stub_cluster
 
 from pdserve_proto import inference_pb2, inference_pb2_grpc
 from router.config import RouterConfig
+from tests.integration.stub_worker import start_stub_cluster
 
 
 @pytest.fixture(scope="module")
