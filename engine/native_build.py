@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -19,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 from engine.paths import cache_dir
+
+log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT_S = 120
 # What every library is built with; a source adds its own floating-point flags.
@@ -52,6 +55,7 @@ def built_library(source: Path, cflags: tuple[str, ...]) -> Path:
     for stale in target.parent.glob(f"{source.stem}-*.so"):
         if stale != target:  # older sources or flags; a process using one keeps its mapping
             stale.unlink(missing_ok=True)
+    log.info("built %s into %s", source.name, target)
     return target
 
 

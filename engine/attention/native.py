@@ -83,5 +83,4 @@ def load_paged_decode() -> PagedDecodeKernel | None:
     except (OSError, subprocess.SubprocessError) as err:
         log.warning("native paged decode kernel unavailable, using the torch path: %s", err)
         return None
-    log.info("native paged decode kernel loaded from %s", library._name)
     return PagedDecodeKernel(library)
