@@ -4,7 +4,8 @@ A C source ships with the package; the first process that wants it compiles it w
 system C compiler (``cc``, about a second) into the pdserve cache directory, keyed by the
 source, the flags and this CPU's feature flags (``-march=native``), and later processes load
 that file. The result is written to a temporary name and renamed, so workers starting at
-once never load a half-written library. Callers fall back to torch when this raises.
+once never load a half-written library. Without a compiler, or on a failed build, the
+loader logs why and callers keep their torch path.
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ BUILD_TIMEOUT_S = 120
 BASE_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 
 
-def load_library(source: Path, cflags: tuple[str, ...]) -> ctypes.CDLL:
-    """``source`` built with ``cflags`` and loaded; raises OSError or SubprocessError."""
-    return ctypes.CDLL(str(built_library(source, cflags)))
+def load_library(source: Path, cflags: tuple[str, ...], what: str) -> ctypes.CDLL | None:
+    """``source`` built with ``cflags`` and loaded; None, with the reason logged as a warning
+    naming ``what``, when it cannot be (the caller keeps its torch path)."""
+    try:
+        return ctypes.CDLL(str(built_library(source, cflags)))
+    except (OSError, subprocess.SubprocessError) as err:
+        log.warning("%s unavailable, using the torch path: %s", what, err)
+        return None
 
 
 def built_library(source: Path, cflags: tuple[str, ...]) -> Path:

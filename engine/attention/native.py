@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.native_build import BASE_CFLAGS, load_library
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_decode.c")
 # FMA contraction and the freedom to reorder around signed zeros let the dot products and
@@ -78,9 +74,5 @@ class PagedDecodeKernel:
 @functools.cache
 def load_paged_decode() -> PagedDecodeKernel | None:
     """The kernel, building it on first use; None (reason logged) when it cannot be built."""
-    try:
-        library = load_library(SOURCE, CFLAGS)
-    except (OSError, subprocess.SubprocessError) as err:
-        log.warning("native paged decode kernel unavailable, using the torch path: %s", err)
-        return None
-    return PagedDecodeKernel(library)
+    library = load_library(SOURCE, CFLAGS, "native paged decode kernel")
+    return None if library is None else PagedDecodeKernel(library)

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.native_build import BASE_CFLAGS, load_library
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("fused_ops.c")
 # No FMA contraction: each product and sum rounds where torch's separate kernels round.
@@ -97,9 +93,5 @@ def _takes(x: torch.Tensor, *others: torch.Tensor) -> bool:
 @functools.cache
 def fused_ops() -> FusedOps | None:
     """The fused ops, building them on first use; None (reason logged) when they cannot be."""
-    try:
-        library = load_library(SOURCE, CFLAGS)
-    except (OSError, subprocess.SubprocessError) as err:
-        log.warning("fused RMSNorm/RoPE unavailable, using the torch path: %s", err)
-        return None
-    return FusedOps(library)
+    library = load_library(SOURCE, CFLAGS, "fused RMSNorm/RoPE")
+    return None if library is None else FusedOps(library)
