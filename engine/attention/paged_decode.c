@@ -189,19 +189,192 @@ DEFINE_SEQ(seq_bf16_64, uint16_t, LOAD_BF16, 64)
 DEFINE_SEQ(seq_f32_any, float, LOAD_F32, geo->head_dim)
 DEFINE_SEQ(seq_bf16_any, uint16_t, LOAD_BF16, geo->head_dim)
 
-/* Scratch of one thread, carved from one allocation: rows query vectors, rows outputs,
- * rows * block_size scores, rows running maxima and rows running sums. */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+/* bf16 with head_dim 64 on CPUs with AVX-512 BF16 (this machine's -march=native has it).
+ *
+ * Why a second copy: in bf16 the portable code above is bound by its arithmetic, not its
+ * reads (one thread, 64 sequences x ~900 positions: 145-165 ms with the K/V in cache, where
+ * merely reading them from memory takes ~110 ms). Here vdpbf16ps multiplies bf16 pairs
+ * straight into fp32 sums (no widening of K), 16 positions' dot products are summed by one
+ * transpose-and-add tree, the softmax runs with positions in the 16 lanes, and the running
+ * sum stays a vector until the end: 60 ms in cache, 1.22x faster on the real pool with two
+ * threads. Products are exact and sums are fp32, as above; only the summation order differs.
+ */
+#include <immintrin.h>
+#define PD_BF16_DOT 1
+
+enum { PD_LANES = 16, PD_MAX_GROUP = 4 }; /* out rows of one kv head live in registers */
+
+/* exp_nonpositive on 16 lanes, the same polynomial; scalef multiplies by 2^n. */
+static inline __m512 exp_nonpositive16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(
+        _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504f), _mm512_set1_ps(0.5f)),
+        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Lane i of the result is the sum of the 16 lanes of x[i]. */
+static inline __m512 sum_lanes16(const __m512 *x) {
+    __m512 pairs[8], quads[4], halves[2];
+    for (int i = 0; i < 8; ++i)
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]),
+                                 _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {
+        const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; ++i)
+        halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
+                                  _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                         _mm512_shuffle_f32x4(halves[0], halves[1], 0xdd));
+}
+
+/* A memcpy, not a vector cast: GCC 12 routes casts to __m512bh through the stack. */
+static inline __m512bh load_bf16x32(const uint16_t *src) {
+    __m512bh v;
+    memcpy(&v, src, sizeof v);
+    return v;
+}
+
+static inline __m512 widen_bf16x16(const uint16_t *src) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* dots[t] holds 16 partial sums of q . K[t] for the chunk's first `rows_here` positions
+ * (the rest zero). */
+static inline void chunk_dots(const uint16_t *k, int64_t TS, int64_t rows_here, __m512bh qa,
+                              __m512bh qb, __m512 *dots) {
+    if (rows_here == PD_LANES) {
+#pragma GCC unroll 16
+        for (int t = 0; t < PD_LANES; ++t)
+            dots[t] = _mm512_dpbf16_ps(
+                _mm512_dpbf16_ps(_mm512_setzero_ps(), load_bf16x32(k + t * TS), qa),
+                load_bf16x32(k + t * TS + 32), qb);
+        return;
+    }
+    for (int t = 0; t < PD_LANES; ++t)
+        dots[t] = t < rows_here ? _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(),
+                                                                    load_bf16x32(k + t * TS), qa),
+                                                   load_bf16x32(k + t * TS + 32), qb)
+                                : _mm512_setzero_ps();
+}
+
+/* seq_bf16_64's work with the K/V read in chunks of 16 positions. q: the rows' bf16 query
+ * vectors, unscaled (scale multiplies the scores); acc: rows * 64 floats out; weights:
+ * G * 16 floats and sums: rows * 16 floats of scratch; m: rows floats. */
+static void seq_bf16_64_dot(const Geometry *geo, const uint16_t *pool, const int32_t *table,
+                            int64_t len, int64_t h0, int64_t nh, const uint16_t *q, float scale,
+                            float *weights, float *acc, float *m, __m512 *sums) {
+    const int64_t D = 64, BS = geo->block_size, TS = geo->token_stride;
+    const int64_t G = geo->num_heads / geo->num_kv_heads, rows = nh * G;
+    const int64_t num_blocks = (len + BS - 1) / BS;
+    const uint16_t *base = pool + geo->layer_offset + h0 * D;
+    for (int64_t r = 0; r < rows; ++r) {
+        m[r] = -FLT_MAX;
+        sums[r] = _mm512_setzero_ps();
+    }
+    memset(acc, 0, (size_t)(rows * D) * sizeof(float));
+    for (int64_t j = 0; j < num_blocks; ++j) {
+        const uint16_t *k_block = base + table[j] * geo->block_stride;
+        const uint16_t *k_next = base + table[j + 1 < num_blocks ? j + 1 : j] * geo->block_stride;
+        const int64_t in_block = len - j * BS < BS ? len - j * BS : BS;
+        for (int64_t t0 = 0; t0 < in_block; t0 += PD_LANES) {
+            const int64_t n = in_block - t0 < PD_LANES ? in_block - t0 : PD_LANES;
+            const int64_t rows_here = BS - t0 < PD_LANES ? BS - t0 : PD_LANES; /* in memory */
+            const __mmask16 valid = (__mmask16)((1u << n) - 1u);
+            for (int64_t h = 0; h < nh; ++h) {
+                const uint16_t *k = k_block + t0 * TS + h * D, *v = k + geo->kv_stride;
+                /* The next block's rows of this head, into L2 (measured faster than L1). */
+                for (int64_t t = 0; t < rows_here; ++t) {
+                    const uint16_t *next = k_next + (t0 + t) * TS + h * D;
+                    _mm_prefetch((const char *)next, _MM_HINT_T1);
+                    _mm_prefetch((const char *)(next + 32), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(next + geo->kv_stride), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(next + geo->kv_stride + 32), _MM_HINT_T1);
+                }
+                float shrink[PD_MAX_GROUP];
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t r = h * G + g;
+                    __m512 dots[PD_LANES];
+                    chunk_dots(k, TS, rows_here, load_bf16x32(q + r * D),
+                               load_bf16x32(q + r * D + 32), dots);
+                    const __m512 s = _mm512_mask_blend_ps(
+                        valid, _mm512_set1_ps(-FLT_MAX),
+                        _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale)));
+                    shrink[g] = 1.0f;
+                    if (_mm512_cmp_ps_mask(s, _mm512_set1_ps(m[r]), _CMP_GT_OQ)) {
+                        const float top = _mm512_reduce_max_ps(s);
+                        shrink[g] = exp_nonpositive(m[r] - top);
+                        m[r] = top;
+                        sums[r] = _mm512_mul_ps(sums[r], _mm512_set1_ps(shrink[g]));
+                    }
+                    const __m512 p = _mm512_maskz_mov_ps(
+                        valid, exp_nonpositive16(_mm512_sub_ps(s, _mm512_set1_ps(m[r]))));
+                    sums[r] = _mm512_add_ps(sums[r], p);
+                    _mm512_storeu_ps(weights + g * PD_LANES, p);
+                }
+                __m512 out[PD_MAX_GROUP][4];
+                for (int64_t g = 0; g < G; ++g)
+                    for (int i = 0; i < 4; ++i)
+                        out[g][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + (h * G + g) * D + 16 * i),
+                                                  _mm512_set1_ps(shrink[g]));
+                for (int64_t t = 0; t < n; ++t) {
+                    const __m512 v0 = widen_bf16x16(v + t * TS), v1 = widen_bf16x16(v + t * TS + 16);
+                    const __m512 v2 = widen_bf16x16(v + t * TS + 32), v3 = widen_bf16x16(v + t * TS + 48);
+                    for (int64_t g = 0; g < G; ++g) {
+                        const __m512 w = _mm512_set1_ps(weights[g * PD_LANES + t]);
+                        out[g][0] = _mm512_fmadd_ps(w, v0, out[g][0]);
+                        out[g][1] = _mm512_fmadd_ps(w, v1, out[g][1]);
+                        out[g][2] = _mm512_fmadd_ps(w, v2, out[g][2]);
+                        out[g][3] = _mm512_fmadd_ps(w, v3, out[g][3]);
+                    }
+                }
+                for (int64_t g = 0; g < G; ++g)
+                    for (int i = 0; i < 4; ++i)
+                        _mm512_storeu_ps(acc + (h * G + g) * D + 16 * i, out[g][i]);
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sums[r]));
+        for (int i = 0; i < 4; ++i)
+            _mm512_storeu_ps(acc + r * D + 16 * i,
+                             _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * i), inv));
+    }
+}
+#endif
+
+/* Scratch of one thread, carved from one 64-byte aligned allocation: rows 16-lane running
+ * sums (first, so aligned for vector stores), rows query vectors, rows outputs, rows *
+ * max(block_size, 16) scores, rows running maxima and rows running sums. */
 typedef struct {
-    float *q, *acc, *scores, *m, *l;
+    float *lanes, *q, *acc, *scores, *m, *l;
 } Scratch;
 
 static float *scratch_alloc(Scratch *sc, int64_t rows, int64_t head_dim, int64_t block_size) {
-    float *base = malloc((size_t)(rows * (2 * head_dim + block_size + 2)) * sizeof(float));
+    const int64_t score_width = block_size > 16 ? block_size : 16;
+    const size_t bytes = (size_t)(rows * (16 + 2 * head_dim + score_width + 2)) * sizeof(float);
+    float *base = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (base == NULL) return NULL;
-    sc->q = base;
+    sc->lanes = base;
+    sc->q = sc->lanes + rows * 16;
     sc->acc = sc->q + rows * head_dim;
     sc->scores = sc->acc + rows * head_dim;
-    sc->m = sc->scores + rows * block_size;
+    sc->m = sc->scores + rows * score_width;
     sc->l = sc->m + rows;
     return base;
 }
@@ -221,11 +394,20 @@ static void run_item(const Geometry *geo, int dtype, const void *q_src, const vo
         memcpy(out_dst, sc->acc, (size_t)n * sizeof(float));
     } else {
         const uint16_t *qs = q_src;
-        for (int64_t i = 0; i < n; ++i) sc->q[i] = bf16_to_f32(qs[i]) * scale;
-        if (D == 64)
-            seq_bf16_64(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+#ifdef PD_BF16_DOT
+        if (D == 64 && geo->num_heads / geo->num_kv_heads <= PD_MAX_GROUP)
+            seq_bf16_64_dot(geo, pool, table, len, h0, nh, qs, scale, sc->scores, sc->acc, sc->m,
+                            (__m512 *)sc->lanes);
         else
-            seq_bf16_any(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+#endif
+        {
+            for (int64_t i = 0; i < n; ++i) sc->q[i] = bf16_to_f32(qs[i]) * scale;
+            if (D == 64)
+                seq_bf16_64(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+            else
+                seq_bf16_any(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m,
+                             sc->l);
+        }
         uint16_t *o = out_dst;
         for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(sc->acc[i]);
     }

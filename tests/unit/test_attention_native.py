@@ -27,14 +27,14 @@ def kernel() -> PagedDecodeKernel:
 
 
 def make_pool(
-    lens: list[int], head_dim: int, dtype: torch.dtype, seed: int
+    lens: list[int], head_dim: int, dtype: torch.dtype, seed: int, block: int = BLOCK
 ) -> tuple[torch.Tensor, list[list[int]]]:
     """A pool with random K/V and a random, disjoint block table per sequence."""
     gen = torch.Generator().manual_seed(seed)
-    needed = [-(-n // BLOCK) for n in lens]
+    needed = [-(-n // block) for n in lens]
     free = list(range(sum(needed) + 5))
     random.Random(seed).shuffle(free)
-    shape = (len(free), LAYERS, 2, BLOCK, KV_HEADS, head_dim)
+    shape = (len(free), LAYERS, 2, block, KV_HEADS, head_dim)
     pool = torch.randn(shape, generator=gen).to(dtype)
     return pool, [[free.pop() for _ in range(n)] for n in needed]
 
@@ -45,7 +45,7 @@ def dense_reference(
     """Gather each sequence's K/V in fp64 and attend with SDPA: ``[B, H * D]``."""
     outs = []
     for row, (table, n) in enumerate(zip(tables, lens, strict=True)):
-        kv = pool[table, layer].double()  # [blocks, 2, BLOCK, KVH, D]
+        kv = pool[table, layer].double()  # [blocks, 2, block size, KVH, D]
         keys = kv[:, 0].flatten(0, 1)[:n].transpose(0, 1)  # [KVH, n, D]
         values = kv[:, 1].flatten(0, 1)[:n].transpose(0, 1)
         query = q[row].double()[:, None]  # [H, 1, D]
@@ -73,52 +73,77 @@ def run(
 
 
 @pytest.mark.parametrize(
-    ("dtype", "head_dim", "atol"),
-    [(torch.float32, 64, 1e-5), (torch.float32, 32, 1e-5), (torch.bfloat16, 64, 2e-2)],
+    ("dtype", "head_dim", "block", "atol"),
+    [
+        (torch.float32, 64, BLOCK, 1e-5),
+        (torch.float32, 32, BLOCK, 1e-5),
+        # bf16 with head_dim 64: the AVX-512 BF16 code where the CPU has it, reading
+        # blocks in chunks of 16 positions (a block of 8 is a part-filled chunk in memory,
+        # a block of 32 two chunks); head_dim 32 always takes the portable code.
+        (torch.bfloat16, 64, BLOCK, 2e-2),
+        (torch.bfloat16, 64, 8, 2e-2),
+        (torch.bfloat16, 64, 32, 2e-2),
+        (torch.bfloat16, 32, BLOCK, 2e-2),
+    ],
 )
 def test_matches_dense_reference(
-    kernel: PagedDecodeKernel, dtype: torch.dtype, head_dim: int, atol: float
+    kernel: PagedDecodeKernel, dtype: torch.dtype, head_dim: int, block: int, atol: float
 ) -> None:
     # 1 position, a partial block, exactly one block, and many blocks.
     lens = [1, 5, 16, 17, 300]
-    pool, tables = make_pool(lens, head_dim, dtype, seed=head_dim)
+    pool, tables = make_pool(lens, head_dim, dtype, seed=head_dim, block=block)
     q = torch.randn(len(lens), HEADS, head_dim).to(dtype)
     out = run(kernel, q, pool, tables, lens, layer=1)
     expected = dense_reference(q, pool, tables, lens, layer=1)
     torch.testing.assert_close(out.double(), expected, atol=atol, rtol=atol)
 
 
-def test_reads_strided_query_rows_and_writes_only_its_rows(kernel: PagedDecodeKernel) -> None:
+ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+BOTH_DTYPES = pytest.mark.parametrize("dtype", list(ATOL), ids=["fp32", "bf16"])
+
+
+@BOTH_DTYPES
+def test_reads_strided_query_rows_and_writes_only_its_rows(
+    kernel: PagedDecodeKernel, dtype: torch.dtype
+) -> None:
     """q as the model passes it (a view into the fused qkv rows, one row per token of a
     mixed batch) and decode tokens at flat-batch rows 3 and 0."""
     lens = [40, 9]
-    pool, tables = make_pool(lens, 64, torch.float32, seed=3)
-    qkv = torch.randn(5, (HEADS + 2 * KV_HEADS) * 64)
+    pool, tables = make_pool(lens, 64, dtype, seed=3)
+    qkv = torch.randn(5, (HEADS + 2 * KV_HEADS) * 64).to(dtype)
     q = qkv[:, : HEADS * 64].view(5, HEADS, 64)  # rows strided by the qkv width
     out = run(kernel, q, pool, tables, lens, layer=2, q_rows=[3, 0], num_rows=5)
     expected = dense_reference(q[[3, 0]], pool, tables, lens, layer=2)
-    torch.testing.assert_close(out[[3, 0]].double(), expected, atol=1e-5, rtol=1e-5)
-    assert torch.equal(out[[1, 2, 4]], torch.full((3, HEADS * 64), 7.0))
+    atol = ATOL[dtype]
+    torch.testing.assert_close(out[[3, 0]].double(), expected, atol=atol, rtol=atol)
+    assert torch.equal(out[[1, 2, 4]], torch.full((3, HEADS * 64), 7.0, dtype=dtype))
 
 
-def test_growing_scores_rescale_the_running_softmax(kernel: PagedDecodeKernel) -> None:
+@BOTH_DTYPES
+def test_growing_scores_rescale_the_running_softmax(
+    kernel: PagedDecodeKernel, dtype: torch.dtype
+) -> None:
     """Keys aligned with the query and growing along the sequence: every block raises the
-    running max, and a late block must outweigh all earlier ones."""
+    running max by more than exp's range (scores 0, 2, ..., 254), so a kernel that did not
+    rescale would overflow, and the last positions must outweigh all earlier ones."""
     lens = [128]
-    pool, tables = make_pool(lens, 64, torch.float32, seed=5)
-    q = torch.ones(1, HEADS, 64)
+    pool, tables = make_pool(lens, 64, dtype, seed=5)
+    q = torch.ones(1, HEADS, 64, dtype=dtype)
     for position in range(lens[0]):
         block, offset = tables[0][position // BLOCK], position % BLOCK
-        pool[block, 0, 0, offset] = position / 20.0
+        pool[block, 0, 0, offset] = position / 4.0
     out = run(kernel, q, pool, tables, lens, layer=0)
     expected = dense_reference(q, pool, tables, lens, layer=0)
-    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), expected, atol=ATOL[dtype], rtol=ATOL[dtype])
 
 
-def test_fewer_sequences_than_threads_split_by_kv_head(kernel: PagedDecodeKernel) -> None:
+@BOTH_DTYPES
+def test_fewer_sequences_than_threads_split_by_kv_head(
+    kernel: PagedDecodeKernel, dtype: torch.dtype
+) -> None:
     lens = [70]
-    pool, tables = make_pool(lens, 64, torch.float32, seed=9)
-    q = torch.randn(1, HEADS, 64)
+    pool, tables = make_pool(lens, 64, dtype, seed=9)
+    q = torch.randn(1, HEADS, 64).to(dtype)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # one sequence, two threads: (sequence, kv head) work items
     try:
@@ -126,7 +151,7 @@ def test_fewer_sequences_than_threads_split_by_kv_head(kernel: PagedDecodeKernel
     finally:
         torch.set_num_threads(threads)
     expected = dense_reference(q, pool, tables, lens, layer=1)
-    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.double(), expected, atol=ATOL[dtype], rtol=ATOL[dtype])
 
 
 def test_without_a_compiler_the_loader_reports_and_returns_none(
