@@ -189,21 +189,24 @@ DEFINE_SEQ(seq_bf16_64, uint16_t, LOAD_BF16, 64)
 DEFINE_SEQ(seq_f32_any, float, LOAD_F32, geo->head_dim)
 DEFINE_SEQ(seq_bf16_any, uint16_t, LOAD_BF16, geo->head_dim)
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-/* bf16 with head_dim 64 on CPUs with AVX-512 BF16 (this machine's -march=native has it).
+#ifdef __AVX512F__
+/* head_dim 64 with positions in the 16 lanes of AVX-512 registers (this machine's
+ * -march=native has AVX-512 and AVX-512 BF16).
  *
- * Why a second copy: in bf16 the portable code above is bound by its arithmetic, not its
- * reads (one thread, 64 sequences x ~900 positions: 145-165 ms with the K/V in cache, where
- * merely reading them from memory takes ~110 ms). Here vdpbf16ps multiplies bf16 pairs
- * straight into fp32 sums (no widening of K), 16 positions' dot products are summed by one
- * transpose-and-add tree, the softmax runs with positions in the 16 lanes, and the running
- * sum stays a vector until the end: 60 ms in cache, 1.22x faster on the real pool with two
- * threads. Products are exact and sums are fp32, as above; only the summation order differs.
+ * Why a second copy: the portable code above spends as long on its arithmetic as on its
+ * reads, and the two add up rather than overlap (one thread, 64 sequences x ~900 positions:
+ * bf16 145-165 ms with the K/V in cache, fp32 109 ms, where merely reading the bf16 K/V from
+ * memory takes ~110 ms). Here 16 positions' dot products are summed by one
+ * transpose-and-add tree, the softmax runs with positions in lanes, the running sum stays a
+ * vector until the end, and each kv head's output rows stay in registers; in bf16,
+ * vdpbf16ps multiplies bf16 pairs straight into fp32 sums, so K is never widened. In cache:
+ * bf16 60 ms, fp32 62 ms; on the real pool with two threads 1.22x (bf16) and 1.10x (fp32)
+ * faster. Products and sums are fp32 as above; only the summation order differs.
  */
 #include <immintrin.h>
-#define PD_BF16_DOT 1
+#define PD_LANE_KERNELS 1
 
-enum { PD_LANES = 16, PD_MAX_GROUP = 4 }; /* out rows of one kv head live in registers */
+enum { PD_LANES = 16, PD_MAX_GROUP = 4 }; /* a kv head's output rows fit in registers */
 
 /* exp_nonpositive on 16 lanes, the same polynomial; scalef multiplies by 2^n. */
 static inline __m512 exp_nonpositive16(__m512 x) {
@@ -242,6 +245,29 @@ static inline __m512 sum_lanes16(const __m512 *x) {
                          _mm512_shuffle_f32x4(halves[0], halves[1], 0xdd));
 }
 
+/* dots[t] holds 16 partial sums of q . K[t] for a chunk's first `rows` positions (those
+ * in memory), zero for the others; row16 loads 16 elements of a V row as floats. */
+static inline void dots16_f32(const float *k, int64_t TS, int64_t rows, const float *q,
+                              __m512 *dots) {
+    const __m512 q0 = _mm512_loadu_ps(q), q1 = _mm512_loadu_ps(q + 16);
+    const __m512 q2 = _mm512_loadu_ps(q + 32), q3 = _mm512_loadu_ps(q + 48);
+#pragma GCC unroll 16
+    for (int t = 0; t < PD_LANES; ++t) {
+        const float *kt = k + t * TS;
+        dots[t] = t < rows ? _mm512_add_ps(
+                                 _mm512_fmadd_ps(_mm512_loadu_ps(kt + 32), q2,
+                                                 _mm512_mul_ps(_mm512_loadu_ps(kt), q0)),
+                                 _mm512_fmadd_ps(_mm512_loadu_ps(kt + 48), q3,
+                                                 _mm512_mul_ps(_mm512_loadu_ps(kt + 16), q1)))
+                           : _mm512_setzero_ps();
+    }
+}
+
+static inline __m512 row16_f32(const float *v) { return _mm512_loadu_ps(v); }
+
+#ifdef __AVX512BF16__
+#define PD_LANE_BF16 1
+
 /* A memcpy, not a vector cast: GCC 12 routes casts to __m512bh through the stack. */
 static inline __m512bh load_bf16x32(const uint16_t *src) {
     __m512bh v;
@@ -249,113 +275,117 @@ static inline __m512bh load_bf16x32(const uint16_t *src) {
     return v;
 }
 
-static inline __m512 widen_bf16x16(const uint16_t *src) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
+static inline void dots16_bf16(const uint16_t *k, int64_t TS, int64_t rows, const uint16_t *q,
+                               __m512 *dots) {
+    const __m512bh qa = load_bf16x32(q), qb = load_bf16x32(q + 32);
+#pragma GCC unroll 16
+    for (int t = 0; t < PD_LANES; ++t) {
+        const uint16_t *kt = k + t * TS;
+        dots[t] = t < rows ? _mm512_dpbf16_ps(
+                                 _mm512_dpbf16_ps(_mm512_setzero_ps(), load_bf16x32(kt), qa),
+                                 load_bf16x32(kt + 32), qb)
+                           : _mm512_setzero_ps();
+    }
+}
+
+static inline __m512 row16_bf16(const uint16_t *v) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)v));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
+#endif
 
-/* dots[t] holds 16 partial sums of q . K[t] for the chunk's first `rows_here` positions
- * (the rest zero). */
-static inline void chunk_dots(const uint16_t *k, int64_t TS, int64_t rows_here, __m512bh qa,
-                              __m512bh qb, __m512 *dots) {
-    if (rows_here == PD_LANES) {
-#pragma GCC unroll 16
-        for (int t = 0; t < PD_LANES; ++t)
-            dots[t] = _mm512_dpbf16_ps(
-                _mm512_dpbf16_ps(_mm512_setzero_ps(), load_bf16x32(k + t * TS), qa),
-                load_bf16x32(k + t * TS + 32), qb);
-        return;
+/* One sequence's work for kv heads [h0, h0 + nh) with the K/V read in chunks of 16
+ * positions. q: the rows' query vectors, unscaled (scale multiplies the scores); acc:
+ * rows * 64 floats out; weights: G * 16 floats and sums: rows vectors of scratch; m: rows
+ * floats. */
+#define DEFINE_LANE_SEQ(NAME, ELEM, DOTS16, ROW16)                                             \
+    static void NAME(const Geometry *geo, const ELEM *pool, const int32_t *table, int64_t len, \
+                     int64_t h0, int64_t nh, const ELEM *q, float scale, float *weights,       \
+                     float *acc, float *m, __m512 *sums) {                                     \
+        const int64_t D = 64, BS = geo->block_size, TS = geo->token_stride;                    \
+        const int64_t G = geo->num_heads / geo->num_kv_heads, rows = nh * G;                   \
+        const int64_t num_blocks = (len + BS - 1) / BS;                                        \
+        const ELEM *base = pool + geo->layer_offset + h0 * D;                                  \
+        for (int64_t r = 0; r < rows; ++r) {                                                   \
+            m[r] = -FLT_MAX;                                                                   \
+            sums[r] = _mm512_setzero_ps();                                                     \
+        }                                                                                      \
+        memset(acc, 0, (size_t)(rows * D) * sizeof(float));                                    \
+        for (int64_t j = 0; j < num_blocks; ++j) {                                             \
+            const ELEM *k_block = base + table[j] * geo->block_stride;                         \
+            const ELEM *k_next = base + table[j + 1 < num_blocks ? j + 1 : j] * geo->block_stride; \
+            const int64_t in_block = len - j * BS < BS ? len - j * BS : BS;                    \
+            for (int64_t t0 = 0; t0 < in_block; t0 += PD_LANES) {                              \
+                const int64_t n = in_block - t0 < PD_LANES ? in_block - t0 : PD_LANES;         \
+                const int64_t in_memory = BS - t0 < PD_LANES ? BS - t0 : PD_LANES;             \
+                const __mmask16 valid = (__mmask16)((1u << n) - 1u);                           \
+                for (int64_t h = 0; h < nh; ++h) {                                             \
+                    const ELEM *k = k_block + t0 * TS + h * D, *v = k + geo->kv_stride;        \
+                    /* The next block's rows of this head, into L2 (measured faster than L1) */ \
+                    for (int64_t t = 0; t < in_memory; ++t) {                                  \
+                        const char *next = (const char *)(k_next + (t0 + t) * TS + h * D);     \
+                        const int64_t kv_bytes = geo->kv_stride * (int64_t)sizeof(ELEM);       \
+                        for (int64_t o = 0; o < D * (int64_t)sizeof(ELEM); o += 64) {          \
+                            _mm_prefetch(next + o, _MM_HINT_T1);                               \
+                            _mm_prefetch(next + kv_bytes + o, _MM_HINT_T1);                    \
+                        }                                                                      \
+                    }                                                                          \
+                    float shrink[PD_MAX_GROUP];                                                \
+                    for (int64_t g = 0; g < G; ++g) {                                          \
+                        const int64_t r = h * G + g;                                           \
+                        __m512 dots[PD_LANES];                                                 \
+                        DOTS16(k, TS, in_memory, q + r * D, dots);                             \
+                        const __m512 s = _mm512_mask_blend_ps(                                 \
+                            valid, _mm512_set1_ps(-FLT_MAX),                                   \
+                            _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale)));          \
+                        shrink[g] = 1.0f;                                                      \
+                        if (_mm512_cmp_ps_mask(s, _mm512_set1_ps(m[r]), _CMP_GT_OQ)) {         \
+                            const float top = _mm512_reduce_max_ps(s);                         \
+                            shrink[g] = exp_nonpositive(m[r] - top);                           \
+                            m[r] = top;                                                        \
+                            sums[r] = _mm512_mul_ps(sums[r], _mm512_set1_ps(shrink[g]));       \
+                        }                                                                      \
+                        const __m512 p = _mm512_maskz_mov_ps(                                  \
+                            valid, exp_nonpositive16(_mm512_sub_ps(s, _mm512_set1_ps(m[r])))); \
+                        sums[r] = _mm512_add_ps(sums[r], p);                                   \
+                        _mm512_storeu_ps(weights + g * PD_LANES, p);                           \
+                    }                                                                          \
+                    __m512 out[PD_MAX_GROUP][4];                                               \
+                    for (int64_t g = 0; g < G; ++g)                                            \
+                        for (int i = 0; i < 4; ++i)                                            \
+                            out[g][i] = _mm512_mul_ps(                                         \
+                                _mm512_loadu_ps(acc + (h * G + g) * D + 16 * i),               \
+                                _mm512_set1_ps(shrink[g]));                                    \
+                    for (int64_t t = 0; t < n; ++t) {                                          \
+                        const ELEM *vt = v + t * TS;                                           \
+                        const __m512 v0 = ROW16(vt), v1 = ROW16(vt + 16);                      \
+                        const __m512 v2 = ROW16(vt + 32), v3 = ROW16(vt + 48);                 \
+                        for (int64_t g = 0; g < G; ++g) {                                      \
+                            const __m512 w = _mm512_set1_ps(weights[g * PD_LANES + t]);        \
+                            out[g][0] = _mm512_fmadd_ps(w, v0, out[g][0]);                     \
+                            out[g][1] = _mm512_fmadd_ps(w, v1, out[g][1]);                     \
+                            out[g][2] = _mm512_fmadd_ps(w, v2, out[g][2]);                     \
+                            out[g][3] = _mm512_fmadd_ps(w, v3, out[g][3]);                     \
+                        }                                                                      \
+                    }                                                                          \
+                    for (int64_t g = 0; g < G; ++g)                                            \
+                        for (int i = 0; i < 4; ++i)                                            \
+                            _mm512_storeu_ps(acc + (h * G + g) * D + 16 * i, out[g][i]);      \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        for (int64_t r = 0; r < rows; ++r) {                                                   \
+            const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sums[r]));           \
+            for (int i = 0; i < 4; ++i)                                                        \
+                _mm512_storeu_ps(acc + r * D + 16 * i,                                         \
+                                 _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * i), inv));   \
+        }                                                                                      \
     }
-    for (int t = 0; t < PD_LANES; ++t)
-        dots[t] = t < rows_here ? _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(),
-                                                                    load_bf16x32(k + t * TS), qa),
-                                                   load_bf16x32(k + t * TS + 32), qb)
-                                : _mm512_setzero_ps();
-}
 
-/* seq_bf16_64's work with the K/V read in chunks of 16 positions. q: the rows' bf16 query
- * vectors, unscaled (scale multiplies the scores); acc: rows * 64 floats out; weights:
- * G * 16 floats and sums: rows * 16 floats of scratch; m: rows floats. */
-static void seq_bf16_64_dot(const Geometry *geo, const uint16_t *pool, const int32_t *table,
-                            int64_t len, int64_t h0, int64_t nh, const uint16_t *q, float scale,
-                            float *weights, float *acc, float *m, __m512 *sums) {
-    const int64_t D = 64, BS = geo->block_size, TS = geo->token_stride;
-    const int64_t G = geo->num_heads / geo->num_kv_heads, rows = nh * G;
-    const int64_t num_blocks = (len + BS - 1) / BS;
-    const uint16_t *base = pool + geo->layer_offset + h0 * D;
-    for (int64_t r = 0; r < rows; ++r) {
-        m[r] = -FLT_MAX;
-        sums[r] = _mm512_setzero_ps();
-    }
-    memset(acc, 0, (size_t)(rows * D) * sizeof(float));
-    for (int64_t j = 0; j < num_blocks; ++j) {
-        const uint16_t *k_block = base + table[j] * geo->block_stride;
-        const uint16_t *k_next = base + table[j + 1 < num_blocks ? j + 1 : j] * geo->block_stride;
-        const int64_t in_block = len - j * BS < BS ? len - j * BS : BS;
-        for (int64_t t0 = 0; t0 < in_block; t0 += PD_LANES) {
-            const int64_t n = in_block - t0 < PD_LANES ? in_block - t0 : PD_LANES;
-            const int64_t rows_here = BS - t0 < PD_LANES ? BS - t0 : PD_LANES; /* in memory */
-            const __mmask16 valid = (__mmask16)((1u << n) - 1u);
-            for (int64_t h = 0; h < nh; ++h) {
-                const uint16_t *k = k_block + t0 * TS + h * D, *v = k + geo->kv_stride;
-                /* The next block's rows of this head, into L2 (measured faster than L1). */
-                for (int64_t t = 0; t < rows_here; ++t) {
-                    const uint16_t *next = k_next + (t0 + t) * TS + h * D;
-                    _mm_prefetch((const char *)next, _MM_HINT_T1);
-                    _mm_prefetch((const char *)(next + 32), _MM_HINT_T1);
-                    _mm_prefetch((const char *)(next + geo->kv_stride), _MM_HINT_T1);
-                    _mm_prefetch((const char *)(next + geo->kv_stride + 32), _MM_HINT_T1);
-                }
-                float shrink[PD_MAX_GROUP];
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = h * G + g;
-                    __m512 dots[PD_LANES];
-                    chunk_dots(k, TS, rows_here, load_bf16x32(q + r * D),
-                               load_bf16x32(q + r * D + 32), dots);
-                    const __m512 s = _mm512_mask_blend_ps(
-                        valid, _mm512_set1_ps(-FLT_MAX),
-                        _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale)));
-                    shrink[g] = 1.0f;
-                    if (_mm512_cmp_ps_mask(s, _mm512_set1_ps(m[r]), _CMP_GT_OQ)) {
-                        const float top = _mm512_reduce_max_ps(s);
-                        shrink[g] = exp_nonpositive(m[r] - top);
-                        m[r] = top;
-                        sums[r] = _mm512_mul_ps(sums[r], _mm512_set1_ps(shrink[g]));
-                    }
-                    const __m512 p = _mm512_maskz_mov_ps(
-                        valid, exp_nonpositive16(_mm512_sub_ps(s, _mm512_set1_ps(m[r]))));
-                    sums[r] = _mm512_add_ps(sums[r], p);
-                    _mm512_storeu_ps(weights + g * PD_LANES, p);
-                }
-                __m512 out[PD_MAX_GROUP][4];
-                for (int64_t g = 0; g < G; ++g)
-                    for (int i = 0; i < 4; ++i)
-                        out[g][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + (h * G + g) * D + 16 * i),
-                                                  _mm512_set1_ps(shrink[g]));
-                for (int64_t t = 0; t < n; ++t) {
-                    const __m512 v0 = widen_bf16x16(v + t * TS), v1 = widen_bf16x16(v + t * TS + 16);
-                    const __m512 v2 = widen_bf16x16(v + t * TS + 32), v3 = widen_bf16x16(v + t * TS + 48);
-                    for (int64_t g = 0; g < G; ++g) {
-                        const __m512 w = _mm512_set1_ps(weights[g * PD_LANES + t]);
-                        out[g][0] = _mm512_fmadd_ps(w, v0, out[g][0]);
-                        out[g][1] = _mm512_fmadd_ps(w, v1, out[g][1]);
-                        out[g][2] = _mm512_fmadd_ps(w, v2, out[g][2]);
-                        out[g][3] = _mm512_fmadd_ps(w, v3, out[g][3]);
-                    }
-                }
-                for (int64_t g = 0; g < G; ++g)
-                    for (int i = 0; i < 4; ++i)
-                        _mm512_storeu_ps(acc + (h * G + g) * D + 16 * i, out[g][i]);
-            }
-        }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sums[r]));
-        for (int i = 0; i < 4; ++i)
-            _mm512_storeu_ps(acc + r * D + 16 * i,
-                             _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * i), inv));
-    }
-}
+DEFINE_LANE_SEQ(lane_seq_f32_64, float, dots16_f32, row16_f32)
+#ifdef PD_LANE_BF16
+DEFINE_LANE_SEQ(lane_seq_bf16_64, uint16_t, dots16_bf16, row16_bf16)
+#endif
 #endif
 
 /* Scratch of one thread, carved from one 64-byte aligned allocation: rows 16-lane running
@@ -384,20 +414,32 @@ static void run_item(const Geometry *geo, int dtype, const void *q_src, const vo
                      const int32_t *table, int64_t len, int64_t h0, int64_t nh, float scale,
                      void *out_dst, Scratch *sc) {
     const int64_t D = geo->head_dim, n = nh * (geo->num_heads / geo->num_kv_heads) * D;
+#ifdef PD_LANE_KERNELS
+    const int lanes = D == 64 && geo->num_heads / geo->num_kv_heads <= PD_MAX_GROUP;
+#endif
     if (dtype == PD_FLOAT32) {
         const float *qs = q_src;
-        for (int64_t i = 0; i < n; ++i) sc->q[i] = qs[i] * scale;
-        if (D == 64)
-            seq_f32_64(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+#ifdef PD_LANE_KERNELS
+        if (lanes)
+            lane_seq_f32_64(geo, pool, table, len, h0, nh, qs, scale, sc->scores, sc->acc, sc->m,
+                            (__m512 *)sc->lanes);
         else
-            seq_f32_any(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+#endif
+        {
+            for (int64_t i = 0; i < n; ++i) sc->q[i] = qs[i] * scale;
+            if (D == 64)
+                seq_f32_64(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+            else
+                seq_f32_any(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m,
+                            sc->l);
+        }
         memcpy(out_dst, sc->acc, (size_t)n * sizeof(float));
     } else {
         const uint16_t *qs = q_src;
-#ifdef PD_BF16_DOT
-        if (D == 64 && geo->num_heads / geo->num_kv_heads <= PD_MAX_GROUP)
-            seq_bf16_64_dot(geo, pool, table, len, h0, nh, qs, scale, sc->scores, sc->acc, sc->m,
-                            (__m512 *)sc->lanes);
+#ifdef PD_LANE_BF16
+        if (lanes)
+            lane_seq_bf16_64(geo, pool, table, len, h0, nh, qs, scale, sc->scores, sc->acc, sc->m,
+                             (__m512 *)sc->lanes);
         else
 #endif
         {

@@ -27,14 +27,19 @@ def kernel() -> PagedDecodeKernel:
 
 
 def make_pool(
-    lens: list[int], head_dim: int, dtype: torch.dtype, seed: int, block: int = BLOCK
+    lens: list[int],
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int,
+    block: int = BLOCK,
+    kv_heads: int = KV_HEADS,
 ) -> tuple[torch.Tensor, list[list[int]]]:
     """A pool with random K/V and a random, disjoint block table per sequence."""
     gen = torch.Generator().manual_seed(seed)
     needed = [-(-n // block) for n in lens]
     free = list(range(sum(needed) + 5))
     random.Random(seed).shuffle(free)
-    shape = (len(free), LAYERS, 2, block, KV_HEADS, head_dim)
+    shape = (len(free), LAYERS, 2, block, kv_heads, head_dim)
     pool = torch.randn(shape, generator=gen).to(dtype)
     return pool, [[free.pop() for _ in range(n)] for n in needed]
 
@@ -77,9 +82,10 @@ def run(
     [
         (torch.float32, 64, BLOCK, 1e-5),
         (torch.float32, 32, BLOCK, 1e-5),
-        # bf16 with head_dim 64: the AVX-512 BF16 code where the CPU has it, reading
-        # blocks in chunks of 16 positions (a block of 8 is a part-filled chunk in memory,
-        # a block of 32 two chunks); head_dim 32 always takes the portable code.
+        (torch.float32, 64, 8, 1e-5),
+        # head_dim 64 takes the AVX-512 code where the CPU has it (bf16: AVX-512 BF16),
+        # reading blocks in chunks of 16 positions (a block of 8 is a part-filled chunk in
+        # memory, a block of 32 two chunks); head_dim 32 always takes the portable code.
         (torch.bfloat16, 64, BLOCK, 2e-2),
         (torch.bfloat16, 64, 8, 2e-2),
         (torch.bfloat16, 64, 32, 2e-2),
@@ -100,6 +106,20 @@ def test_matches_dense_reference(
 
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 BOTH_DTYPES = pytest.mark.parametrize("dtype", list(ATOL), ids=["fp32", "bf16"])
+
+
+@BOTH_DTYPES
+def test_more_query_heads_per_kv_head_than_registers_hold(
+    kernel: PagedDecodeKernel, dtype: torch.dtype
+) -> None:
+    """10 query heads on 2 kv heads: 5 per kv head, past what the AVX-512 code keeps in
+    registers, so head_dim 64 takes the portable code on every CPU."""
+    lens = [1, 17, 90]
+    pool, tables = make_pool(lens, 64, dtype, seed=11, kv_heads=2)
+    q = torch.randn(len(lens), 10, 64).to(dtype)
+    out = run(kernel, q, pool, tables, lens, layer=1)
+    expected = dense_reference(q, pool, tables, lens, layer=1)
+    torch.testing.assert_close(out.double(), expected, atol=ATOL[dtype], rtol=ATOL[dtype])
 
 
 @BOTH_DTYPES
