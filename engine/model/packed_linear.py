@@ -1,16 +1,21 @@
-"""Linear layers with oneDNN pre-packed weights, for CPU inference.
+"""Linear layers with weights packed once for CPU inference.
 
 A step runs every linear layer on ``T`` rows, where ``T`` is the number of decoding
 sequences (often 4..64) or a prefill chunk (up to the token budget). For small ``T`` the
-default BLAS path reads the weights at half the memory bandwidth or less; oneDNN with the
-weight packed once into its blocked layout measured 1.2-1.5x faster for 4..32 rows (fp32 and
-bf16), equal from 64 rows up, and ~1.3x slower only for exactly one row (one decoding
-sequence), where it still moves the same bytes. oneDNN also applies an element-wise op to
-the GEMM result before storing it (a "post-op"), which saves the separate passes over the
-activations for SiLU, the gate product and the residual adds.
+default BLAS path reads the weights at half the memory bandwidth or less. Packed once into a
+layout the GEMM reads front to back, the weights serve every ``T``:
+
+- fp32: our own GEMM (``engine/model/packed_gemm.c``), 1.27-1.38x faster than oneDNN's packed
+  fp32 GEMM for 1-64 rows and level with it from 256 rows up (SmolLM2's layer linears, two
+  threads); oneDNN when it cannot be built.
+- bf16: oneDNN, which runs bf16 on AMX here.
+
+Both apply an element-wise op to the GEMM result before storing it (a "post-op"), which
+saves the separate passes over the activations for SiLU, the gate product and the residual
+adds.
 
 The packed weight replaces the plain one (no second copy), so a packed model's
-``state_dict`` holds oneDNN tensors: pack only models that serve
+``state_dict`` holds packed tensors: pack only models that serve
 (:meth:`engine.model.llama.LlamaModel.pack_linears`), never ones that are saved.
 """
 
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from engine.model.packed_gemm import PackedGemm, load_packed_gemm
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -36,18 +43,29 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        # oneDNN's opaque blocked layout, packed for any row count (batch-size hint None).
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self._gemm: PackedGemm | None = None
+        if weight.dtype == torch.float32:
+            self._gemm = load_packed_gemm()
+        if self._gemm is not None:
+            self.packed_weight = self._gemm.pack(weight.detach())
+        else:  # oneDNN's opaque blocked layout, for any row count (batch-size hint None)
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         self.bias = None if bias is None else bias.detach().clone()  # not a view of the loader's
 
     def forward(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
         """``x: [T, in]`` -> ``[T, out]``; ``activation="swish"`` applies SiLU in the GEMM."""
+        if self._gemm is not None:
+            weight, out_features = self.packed_weight, self.out_features
+            return self._gemm.linear(x, weight, out_features, self.bias, activation)
         linear = torch.ops.mkldnn._linear_pointwise
         return linear(x, self.packed_weight, self.bias, activation, [], "")
 
     def forward_binary(self, x: torch.Tensor, other: torch.Tensor, op: str) -> torch.Tensor:
         """``(x @ W.T + b) <op> other`` in one pass, ``op`` one of ``"add"``, ``"mul"``;
         ``other: [T, out]``."""
+        if self._gemm is not None:
+            weight, out_features = self.packed_weight, self.out_features
+            return self._gemm.linear(x, weight, out_features, self.bias, op, other)
         return torch.ops.mkldnn._linear_pointwise.binary(
             x, other, self.packed_weight, self.bias, op
         )

@@ -8,10 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import engine.model.packed_linear as packed_linear
 from engine.attention import get_backend, layout_chunks, token_positions
 from engine.huge_pages import advise_huge_pages
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
+from engine.model.packed_gemm import load_packed_gemm
 from engine.model.packed_linear import PackedLinear, PackedMLP, can_pack, project_add
 from engine.runner import allocate_kv_cache, kv_cache_shape
 from engine.scheduler.plan import ScheduledChunk
@@ -22,15 +24,32 @@ pytestmark = pytest.mark.skipif(
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
+@pytest.fixture(params=["native", "onednn"])
+def fp32_gemm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which GEMM packs fp32 weights: ours (packed_gemm.c), or oneDNN as when ours cannot
+    be built."""
+    if request.param == "onednn":
+        monkeypatch.setattr(packed_linear, "load_packed_gemm", lambda: None)
+    elif load_packed_gemm() is None:
+        pytest.skip("no C compiler here: fp32 linears fall back to oneDNN")
+    return str(request.param)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, 64])
-def test_packed_linear_and_its_post_ops_match_torch(dtype: torch.dtype, rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 5, 64, 300])  # 300: three row blocks, a partial tile
+def test_packed_linear_and_its_post_ops_match_torch(
+    dtype: torch.dtype, rows: int, fp32_gemm: str
+) -> None:
     gen = torch.Generator().manual_seed(rows)
-    weight = torch.randn(24, 16, generator=gen).to(dtype)
-    bias = torch.randn(24, generator=gen).to(dtype)
+    # 40 outputs: one full panel of 32 columns and a partial one
+    weight = torch.randn(40, 16, generator=gen).to(dtype)
+    bias = torch.randn(40, generator=gen).to(dtype)
     x = torch.randn(rows, 16, generator=gen).to(dtype)
-    other = torch.randn(rows, 24, generator=gen).to(dtype)
+    other = torch.randn(rows, 40, generator=gen).to(dtype)
     packed = PackedLinear(weight, bias)
+    native = dtype == torch.float32 and fp32_gemm == "native"
+    assert isinstance(packed.packed_weight, torch.Tensor)
+    assert (packed.packed_weight.shape == (2, 16, 32)) == native, "ours packs 32-column panels"
     plain = F.linear(x.double(), weight.double(), bias.double())
     tol = TOLERANCE[dtype]
     cases = {
@@ -53,6 +72,18 @@ def test_packed_mlp_equals_swiglu_plus_residual(bias: bool) -> None:
     expected = residual + down(F.silu(gate) * up)
     got = PackedMLP(gate_up.weight, gate_up.bias, down)(x, residual)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_strided_rows_and_silu_far_out_on_both_sides() -> None:
+    """x as a column slice (rows strided), and SiLU where exp(-v) overflows or vanishes."""
+    if load_packed_gemm() is None:
+        pytest.skip("no C compiler here: fp32 linears fall back to oneDNN")
+    weight = torch.eye(8) * torch.tensor([-200.0, -90.0, -5.0, -1e-3, 0.0, 1e-3, 5.0, 200.0])
+    wide = torch.ones(3, 12)
+    x = wide[:, 2:10]  # rows 12 floats apart
+    got = PackedLinear(weight, None)(x, activation="swish")
+    expected = F.silu(x.double() @ weight.double().T)
+    torch.testing.assert_close(got.double(), expected, atol=1e-6, rtol=1e-6)
 
 
 def test_project_add_fuses_for_packed_and_adds_for_plain() -> None:

@@ -1,0 +1,96 @@
+"""fp32 linears against a weight packed once (``packed_gemm.c``): built at first use, called
+via ctypes.
+
+:class:`engine.model.packed_linear.PackedLinear` uses it for fp32 weights when it loads, and
+oneDNN otherwise (bf16, where oneDNN runs on AMX, or no C compiler: the reason is logged
+once). See the C file for the layout and the measured speed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.native_build import BASE_CFLAGS, load_library
+
+SOURCE = Path(__file__).with_name("packed_gemm.c")
+# FMA contraction: the accumulation is one multiply-add per weight, as in any BLAS; no
+# trapping math lets the epilogue's floorf vectorize (no effect on results).
+CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-trapping-math")
+PANEL = 32  # output columns per packed panel (the C side's PANEL)
+OPS = {"none": 0, "swish": 1, "mul": 2, "add": 3}
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_LINEAR_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
+    _PTR, _I64, _I64, _I64,  # x, x_stride, rows, k
+    _PTR, _I64, _PTR, ctypes.c_int,  # packed, n, bias, op
+    _PTR, _I64, _PTR, _I64, ctypes.c_int,  # other, other_stride, y, y_stride, threads
+]  # fmt: skip
+
+
+class PackedGemm:
+    """Packs fp32 weights and runs ``op(x @ W.T + bias, other)`` on them (see the C file)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._pack = library.pdserve_pack_weight
+        self._pack.argtypes = [_PTR, _I64, _I64, _I64, _PTR]
+        self._pack.restype = None
+        self._linear = library.pdserve_linear
+        self._linear.argtypes = _LINEAR_ARGTYPES
+        self._linear.restype = None
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight: [out, in]`` fp32 -> its panels, ``[ceil(out / 32), in, 32]``."""
+        assert weight.dtype == torch.float32 and weight.device.type == "cpu", weight.dtype
+        assert weight.stride(1) == 1, f"weight rows not dense: strides {weight.stride()}"
+        out_features, in_features = weight.shape
+        panels = -(-out_features // PANEL)
+        packed = torch.empty(panels, in_features, PANEL, dtype=torch.float32)
+        self._pack(
+            weight.data_ptr(), weight.stride(0), out_features, in_features, packed.data_ptr()
+        )
+        return packed
+
+    def linear(
+        self,
+        x: torch.Tensor,  # [T, in] fp32
+        packed: torch.Tensor,  # from pack()
+        out_features: int,
+        bias: torch.Tensor | None,
+        op: str = "none",  # one of OPS
+        other: torch.Tensor | None = None,  # [T, out] for "mul" and "add"
+    ) -> torch.Tensor:
+        in_features = packed.shape[1]
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if other is not None and other.stride(-1) != 1:
+            other = other.contiguous()
+        # The C side trusts every pointer and stride it gets: check them here.
+        assert x.dim() == 2 and x.shape[1] == in_features, f"x {tuple(x.shape)}, in {in_features}"
+        assert x.dtype == torch.float32 and x.device.type == "cpu", f"x {x.dtype} {x.device}"
+        assert (other is None) == (op in ("none", "swish")), f"op {op!r} with other={other}"
+        if other is not None:
+            assert other.shape == (x.shape[0], out_features), f"other {tuple(other.shape)}"
+            assert other.dtype == torch.float32, f"other {other.dtype}"
+        if bias is not None:
+            assert bias.shape == (out_features,) and bias.is_contiguous(), "bias not [out] dense"
+            assert bias.dtype == torch.float32, f"bias {bias.dtype}"
+        rows = x.shape[0]
+        y = torch.empty(rows, out_features, dtype=torch.float32)
+        self._linear(
+            x.data_ptr(), x.stride(0), rows, in_features, packed.data_ptr(), out_features,
+            0 if bias is None else bias.data_ptr(), OPS[op],
+            0 if other is None else other.data_ptr(), 0 if other is None else other.stride(0),
+            y.data_ptr(), out_features, torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+
+@functools.cache
+def load_packed_gemm() -> PackedGemm | None:
+    """The fp32 GEMM, building it on first use; None (reason logged) when it cannot be built."""
+    library = load_library(SOURCE, CFLAGS, "native fp32 GEMM")
+    return None if library is None else PackedGemm(library)
