@@ -1,0 +1,17 @@
+"""The packed-GEMM micro-benchmark runs and prints one row per row count."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import packed_gemm as bench
+from engine.model.packed_gemm import load_packed_gemm
+
+
+def test_prints_onednn_and_our_times_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    if load_packed_gemm() is None:
+        pytest.skip("no C compiler here: no packed GEMM to measure")
+    bench.main(["--rows", "1,9", "--layers", "1", "--repeats", "1"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:-1]]
+    assert [r[0] for r in rows] == ["1", "9"]
+    assert all(float(v) > 0 for r in rows for v in r[1:5]) and all(r[5].endswith("x") for r in rows)
