@@ -2,10 +2,10 @@
  * op (none, SiLU, times another tensor, plus another tensor), for any number of rows.
  *
  * Built at first use by engine/model/packed_gemm.py and called through ctypes. Why: a decode
- * step runs every linear on 1-64 rows. oneDNN's packed fp32 GEMM reaches 50-55% of this
- * CPU's peak there (SmolLM2's layer linears, 64 rows, two threads: 63-67 ms), while this
- * plain register-blocked loop reaches 70% (51-52 ms); at ~2,000 rows (prefill chunks) it is
- * 3-4% behind oneDNN.
+ * step runs every linear on 1-64 rows. oneDNN's packed fp32 GEMM reaches 55-60% of this
+ * CPU's peak there (SmolLM2's layer linears, 64 rows, two threads: 61-64 ms), while this
+ * plain register-blocked loop reaches 70% (51-54 ms); at 2,048 rows (prefill chunks) it is
+ * 5-9% behind oneDNN (python -m bench.packed_gemm).
  *
  * Layout: W [N][K] (out x in, torch's) becomes panels of 32 output columns,
  *     packed[p][k][j] = W[p * 32 + j][k]   (zero where p * 32 + j >= N),

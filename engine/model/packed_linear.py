@@ -5,9 +5,9 @@ sequences (often 4..64) or a prefill chunk (up to the token budget). For small `
 default BLAS path reads the weights at half the memory bandwidth or less. Packed once into a
 layout the GEMM reads front to back, the weights serve every ``T``:
 
-- fp32: our own GEMM (``engine/model/packed_gemm.c``), 1.27-1.38x faster than oneDNN's packed
-  fp32 GEMM for 1-64 rows and level with it from 256 rows up (SmolLM2's layer linears, two
-  threads); oneDNN when it cannot be built.
+- fp32: our own GEMM (``engine/model/packed_gemm.c``), 1.15-1.30x faster than oneDNN's packed
+  fp32 GEMM for 1-64 rows, level at 256 and 5-9% slower at 2,048 (SmolLM2's layer linears,
+  two threads, ``python -m bench.packed_gemm``); oneDNN when it cannot be built.
 - bf16: oneDNN, which runs bf16 on AMX here.
 
 Both apply an element-wise op to the GEMM result before storing it (a "post-op"), which
