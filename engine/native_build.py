@@ -2,10 +2,11 @@
 
 A C source ships with the package; the first process that wants it compiles it with the
 system C compiler (``cc``, about a second) into the pdserve cache directory, keyed by the
-source, the flags and this CPU's feature flags (``-march=native``), and later processes load
-that file. The result is written to a temporary name and renamed, so workers starting at
-once never load a half-written library. Without a compiler, or on a failed build, the
-loader logs why and callers keep their torch path.
+source (with the local headers it includes), the flags and this CPU's feature flags
+(``-march=native``), and later processes load that file. The result is written to a
+temporary name and renamed, so workers starting at once never load a half-written library.
+Without a compiler, or on a failed build, the loader logs why and callers keep their torch
+path.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -44,7 +46,7 @@ def built_library(source: Path, cflags: tuple[str, ...]) -> Path:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc or gcc) on PATH")
-    text = source.read_bytes()
+    text = source.read_bytes() + _local_headers(source)
     key = hashlib.sha256(text + " ".join(cflags).encode() + _cpu_identity()).hexdigest()
     target = cache_dir() / "native" / f"{source.stem}-{key[:16]}.so"
     if target.exists():
@@ -63,6 +65,13 @@ def built_library(source: Path, cflags: tuple[str, ...]) -> Path:
             stale.unlink(missing_ok=True)
     log.info("built %s into %s", source.name, target)
     return target
+
+
+def _local_headers(source: Path) -> bytes:
+    """The text of the headers ``source`` includes with quotes (ours, found relative to it),
+    so that editing a shared header rebuilds every library that includes it."""
+    names = re.findall(rb'^#include "([^"]+)"', source.read_bytes(), flags=re.MULTILINE)
+    return b"".join((source.parent / name.decode()).read_bytes() for name in names)
 
 
 def _compile(compiler: str, source: Path, cflags: tuple[str, ...], output: str) -> None:

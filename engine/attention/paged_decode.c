@@ -28,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../exp_poly.h"
+
 enum { PD_FLOAT32 = 0, PD_BFLOAT16 = 1 };
 
 static inline float bf16_to_f32(uint16_t bits) {
@@ -42,26 +44,6 @@ static inline uint16_t f32_to_bf16(float x) {
     if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN */
     v.u += 0x7fffu + ((v.u >> 16) & 1u); /* round to nearest even */
     return (uint16_t)(v.u >> 16);
-}
-
-/* exp(x) for x <= 0 (scores minus their max). x = n ln2 + r with |r| <= ln2 / 2, then a
- * degree-7 Taylor polynomial for exp(r): its error (< 1e-8 relative) is below float rounding.
- * Written out so the compiler vectorizes the softmax loop without -ffast-math or libmvec. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float n = floorf(x * 1.44269504f + 0.5f);
-    const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f; /* ln2 split in two parts */
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { int32_t i; float f; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
-    return p * scale.f;
 }
 
 typedef struct {
@@ -81,7 +63,7 @@ static inline void online_softmax_step(float *scores, int64_t n, float *m, float
 #pragma omp simd reduction(max : top)
     for (int64_t t = 0; t < n; ++t) top = scores[t] > top ? scores[t] : top;
     if (top > *m) {
-        const float shrink = exp_nonpositive(*m - top);
+        const float shrink = exp_poly(*m - top);
         *l *= shrink;
 #pragma omp simd
         for (int64_t i = 0; i < d; ++i) acc[i] *= shrink;
@@ -90,7 +72,7 @@ static inline void online_softmax_step(float *scores, int64_t n, float *m, float
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int64_t t = 0; t < n; ++t) {
-        scores[t] = exp_nonpositive(scores[t] - top);
+        scores[t] = exp_poly(scores[t] - top);
         sum += scores[t];
     }
     *l += sum;
@@ -208,7 +190,7 @@ DEFINE_SEQ(seq_bf16_any, uint16_t, LOAD_BF16, geo->head_dim)
 
 enum { PD_LANES = 16, PD_MAX_GROUP = 4 }; /* a kv head's output rows fit in registers */
 
-/* exp_nonpositive on 16 lanes, the same polynomial; scalef multiplies by 2^n. */
+/* exp_poly on 16 lanes for x <= 0, the same polynomial; scalef multiplies by 2^n. */
 static inline __m512 exp_nonpositive16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     const __m512 n = _mm512_roundscale_ps(
@@ -341,7 +323,7 @@ static inline __m512 row16_bf16(const uint16_t *v) {
                         shrink[g] = 1.0f;                                                      \
                         if (_mm512_cmp_ps_mask(s, _mm512_set1_ps(m[r]), _CMP_GT_OQ)) {         \
                             const float top = _mm512_reduce_max_ps(s);                         \
-                            shrink[g] = exp_nonpositive(m[r] - top);                           \
+                            shrink[g] = exp_poly(m[r] - top);                                  \
                             m[r] = top;                                                        \
                             sums[r] = _mm512_mul_ps(sums[r], _mm512_set1_ps(shrink[g]));       \
                         }                                                                      \
@@ -445,7 +427,8 @@ static void run_item(const Geometry *geo, int dtype, const void *q_src, const vo
         {
             for (int64_t i = 0; i < n; ++i) sc->q[i] = bf16_to_f32(qs[i]) * scale;
             if (D == 64)
-                seq_bf16_64(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m, sc->l);
+                seq_bf16_64(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m,
+                            sc->l);
             else
                 seq_bf16_any(geo, pool, table, len, h0, nh, sc->q, sc->scores, sc->acc, sc->m,
                              sc->l);

@@ -17,9 +17,10 @@
  * panel is read once per block (512-row blocks measured 2-3% faster than 128 at ~2,000 rows;
  * 12-row tiles were no faster than 8).
  */
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "../exp_poly.h"
 
 typedef float v16 __attribute__((vector_size(64)));
 
@@ -52,28 +53,8 @@ typedef struct {
     int op;
 } Epilogue;
 
-/* exp(x), clamped to [-87, 88]: x = n ln2 + r with |r| <= ln2 / 2, then a degree-7 Taylor
- * polynomial for exp(r) (error < 1e-8 relative, below float rounding). Written out so the
- * epilogue loop vectorizes; a libm call per element cost more than the GEMM at 2,048 rows. */
-static inline float exp_clamped(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float n = floorf(x * 1.44269504f + 0.5f);
-    const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f; /* ln2 split in two parts */
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { int32_t i; float f; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
-    return p * scale.f;
-}
-
 /* acc + bias, then the op, stored to y's columns [col, col + count). One loop per op, so
- * each vectorizes. */
+ * each vectorizes (a libm expf per element cost more than the GEMM at 2,048 rows). */
 static inline void finish_row(v16 acc_lo, v16 acc_hi, const Epilogue *ep, int64_t row,
                               int64_t col, int64_t count, float *y) {
     float v[PANEL];
@@ -83,7 +64,7 @@ static inline void finish_row(v16 acc_lo, v16 acc_hi, const Epilogue *ep, int64_
         for (int64_t j = 0; j < PANEL; ++j) v[j] += ep->bias[col + (j < count ? j : 0)];
     const float *other = ep->other ? ep->other + row * ep->other_stride + col : NULL;
     if (ep->op == OP_SILU)
-        for (int64_t j = 0; j < PANEL; ++j) v[j] = v[j] / (1.0f + exp_clamped(-v[j]));
+        for (int64_t j = 0; j < PANEL; ++j) v[j] = v[j] / (1.0f + exp_poly(-v[j]));
     else if (ep->op == OP_MUL)
         for (int64_t j = 0; j < count; ++j) v[j] *= other[j];
     else if (ep->op == OP_ADD)

@@ -77,6 +77,20 @@ def run(
     return out
 
 
+def assert_matches_reference(
+    kernel: PagedDecodeKernel,
+    q: torch.Tensor,
+    pool: torch.Tensor,
+    tables: list[list[int]],
+    lens: list[int],
+    layer: int,
+    atol: float,
+) -> None:
+    out = run(kernel, q, pool, tables, lens, layer)
+    expected = dense_reference(q, pool, tables, lens, layer)
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=atol)
+
+
 @pytest.mark.parametrize(
     ("dtype", "head_dim", "block", "atol"),
     [
@@ -99,9 +113,7 @@ def test_matches_dense_reference(
     lens = [1, 5, 16, 17, 300]
     pool, tables = make_pool(lens, head_dim, dtype, seed=head_dim, block=block)
     q = torch.randn(len(lens), HEADS, head_dim).to(dtype)
-    out = run(kernel, q, pool, tables, lens, layer=1)
-    expected = dense_reference(q, pool, tables, lens, layer=1)
-    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=atol)
+    assert_matches_reference(kernel, q, pool, tables, lens, 1, atol)
 
 
 ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -117,9 +129,7 @@ def test_more_query_heads_per_kv_head_than_registers_hold(
     lens = [1, 17, 90]
     pool, tables = make_pool(lens, 64, dtype, seed=11, kv_heads=2)
     q = torch.randn(len(lens), 10, 64).to(dtype)
-    out = run(kernel, q, pool, tables, lens, layer=1)
-    expected = dense_reference(q, pool, tables, lens, layer=1)
-    torch.testing.assert_close(out.double(), expected, atol=ATOL[dtype], rtol=ATOL[dtype])
+    assert_matches_reference(kernel, q, pool, tables, lens, 1, ATOL[dtype])
 
 
 @BOTH_DTYPES
@@ -152,9 +162,7 @@ def test_growing_scores_rescale_the_running_softmax(
     for position in range(lens[0]):
         block, offset = tables[0][position // BLOCK], position % BLOCK
         pool[block, 0, 0, offset] = position / 4.0
-    out = run(kernel, q, pool, tables, lens, layer=0)
-    expected = dense_reference(q, pool, tables, lens, layer=0)
-    torch.testing.assert_close(out.double(), expected, atol=ATOL[dtype], rtol=ATOL[dtype])
+    assert_matches_reference(kernel, q, pool, tables, lens, 0, ATOL[dtype])
 
 
 @BOTH_DTYPES
@@ -167,11 +175,9 @@ def test_fewer_sequences_than_threads_split_by_kv_head(
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # one sequence, two threads: (sequence, kv head) work items
     try:
-        out = run(kernel, q, pool, tables, lens, layer=1)
+        assert_matches_reference(kernel, q, pool, tables, lens, 1, ATOL[dtype])
     finally:
         torch.set_num_threads(threads)
-    expected = dense_reference(q, pool, tables, lens, layer=1)
-    torch.testing.assert_close(out.double(), expected, atol=ATOL[dtype], rtol=ATOL[dtype])
 
 
 def test_without_a_compiler_the_loader_reports_and_returns_none(

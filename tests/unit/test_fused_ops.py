@@ -3,6 +3,8 @@ on the layouts the model hands them, and their fallback when they cannot be buil
 
 from __future__ import annotations
 
+import ctypes
+import shutil
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,21 @@ def test_without_a_compiler_the_loader_reports_and_returns_none(
     monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
     assert fused_ops.__wrapped__() is None
     assert "no C compiler" in caplog.text and "torch path" in caplog.text
+
+
+def test_a_shared_header_is_part_of_the_build_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Editing a header a source includes must build a new library, not load the old one."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here: nothing is built")
+    monkeypatch.setattr(native_build, "cache_dir", lambda: tmp_path)
+    (tmp_path / "one.h").write_text("static int one(void) { return 1; }\n")
+    source = tmp_path / "lib.c"
+    source.write_text('#include "one.h"\nint value(void) { return one(); }\n')
+    cflags = ("-O1", "-fPIC", "-shared")
+    first = native_build.built_library(source, cflags)
+    (tmp_path / "one.h").write_text("static int one(void) { return 2; }\n")
+    second = native_build.built_library(source, cflags)
+    assert first != second
+    assert ctypes.CDLL(str(second)).value() == 2
