@@ -60,7 +60,7 @@ static inline void finish_row(v16 acc_lo, v16 acc_hi, const Epilogue *ep, int64_
     float v[PANEL];
     store16(v, acc_lo);
     store16(v + 16, acc_hi);
-    if (ep->bias)
+    if (ep->bias) /* all 32 lanes, so the loop vectorizes; past n they read a valid bias */
         for (int64_t j = 0; j < PANEL; ++j) v[j] += ep->bias[col + (j < count ? j : 0)];
     const float *other = ep->other ? ep->other + row * ep->other_stride + col : NULL;
     if (ep->op == OP_SILU)

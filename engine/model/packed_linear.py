@@ -43,9 +43,9 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self._gemm: PackedGemm | None = None
-        if weight.dtype == torch.float32:
-            self._gemm = load_packed_gemm()
+        self._gemm: PackedGemm | None = (
+            load_packed_gemm() if weight.dtype == torch.float32 else None
+        )
         if self._gemm is not None:
             self.packed_weight = self._gemm.pack(weight.detach())
         else:  # oneDNN's opaque blocked layout, for any row count (batch-size hint None)
@@ -55,8 +55,9 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
         """``x: [T, in]`` -> ``[T, out]``; ``activation="swish"`` applies SiLU in the GEMM."""
         if self._gemm is not None:
-            weight, out_features = self.packed_weight, self.out_features
-            return self._gemm.linear(x, weight, out_features, self.bias, activation)
+            return self._gemm.linear(
+                x, self.packed_weight, self.out_features, self.bias, activation
+            )
         linear = torch.ops.mkldnn._linear_pointwise
         return linear(x, self.packed_weight, self.bias, activation, [], "")
 
@@ -64,8 +65,7 @@ class PackedLinear(nn.Module):
         """``(x @ W.T + b) <op> other`` in one pass, ``op`` one of ``"add"``, ``"mul"``;
         ``other: [T, out]``."""
         if self._gemm is not None:
-            weight, out_features = self.packed_weight, self.out_features
-            return self._gemm.linear(x, weight, out_features, self.bias, op, other)
+            return self._gemm.linear(x, self.packed_weight, self.out_features, self.bias, op, other)
         return torch.ops.mkldnn._linear_pointwise.binary(
             x, other, self.packed_weight, self.bias, op
         )
