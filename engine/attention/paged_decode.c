@@ -209,10 +209,11 @@ static inline __m512 exp_nonpositive16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* A row of the next block into L2 (measured faster than into L1). The kernel spreads these
- * over its loops, a row at a time, K rows among the first query row's dot products and V
- * rows among the weighted sums: 1.20x (bf16) and 1.07x (fp32) faster than all of a head's
- * rows at once before its dot products (two threads, 64 sequences x ~900 positions). */
+/* A row of the next block into L2 (into L1 was 1.2x slower in fp32). The kernel spreads
+ * these over its loops, a row at a time, K rows among the first query row's dot products
+ * and V rows among the weighted sums: 1.11-1.19x (bf16) and 1.04-1.25x (fp32) faster than
+ * all of a head's rows in one burst before its dot products (two threads, 4-64 sequences of
+ * 200-2,000 positions), where the burst fills the core's few fill buffers and stalls. */
 static inline void prefetch_row(const void *row, int64_t bytes) {
     for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)row + o, _MM_HINT_T1);
 }
