@@ -237,7 +237,7 @@ static inline __m512 sum_lanes16(const __m512 *x) {
 }
 
 /* dots[t] holds 16 partial sums of q . K[t] for a chunk's first `rows` positions (those
- * in memory), zero for the others; `next` (or NULL) is the next block's K rows to prefetch,
+ * in memory), zero for the others; `next` (or NULL): the next block's K rows to prefetch,
  * one per position. row16 loads 16 elements of a V row as floats. */
 static inline void dots16_f32(const float *k, int64_t TS, int64_t rows, const float *q,
                               __m512 *dots, const float *next) {
@@ -246,7 +246,7 @@ static inline void dots16_f32(const float *k, int64_t TS, int64_t rows, const fl
 #pragma GCC unroll 16
     for (int t = 0; t < PD_LANES; ++t) {
         const float *kt = k + t * TS;
-        if (next) prefetch_row(next + t * TS, 64 * 4);
+        if (next && t < rows) prefetch_row(next + t * TS, 64 * sizeof(float));
         dots[t] = t < rows ? _mm512_add_ps(
                                  _mm512_fmadd_ps(_mm512_loadu_ps(kt + 32), q2,
                                                  _mm512_mul_ps(_mm512_loadu_ps(kt), q0)),
@@ -274,7 +274,7 @@ static inline void dots16_bf16(const uint16_t *k, int64_t TS, int64_t rows, cons
 #pragma GCC unroll 16
     for (int t = 0; t < PD_LANES; ++t) {
         const uint16_t *kt = k + t * TS;
-        if (next) prefetch_row(next + t * TS, 64 * 2);
+        if (next && t < rows) prefetch_row(next + t * TS, 64 * sizeof(uint16_t));
         dots[t] = t < rows ? _mm512_dpbf16_ps(
                                  _mm512_dpbf16_ps(_mm512_setzero_ps(), load_bf16x32(kt), qa),
                                  load_bf16x32(kt + 32), qb)
