@@ -79,9 +79,18 @@ static inline void online_softmax_step(float *scores, int64_t n, float *m, float
 }
 
 /* Ask for one row of the next block while working on a row of this one: spread out like
- * this the requests keep the memory busy without flooding the fill buffers. */
-static inline void prefetch_run(const char *start, int64_t run_bytes) {
-    for (int64_t o = 0; o < run_bytes; o += 64) __builtin_prefetch(start + o, 0, 3);
+ * this the requests keep the memory busy without flooding the core's few fill buffers (one
+ * burst of a head's rows before its dot products stalled the AVX-512 kernel: spread, it runs
+ * 1.11-1.19x (bf16) and 1.04-1.25x (fp32) faster, two threads, 4-64 sequences of 200-2,000
+ * positions). into_l1: prefetcht0, else prefetcht1 (L2), which the AVX-512 kernel uses (L1
+ * was 1.2x slower there in fp32). */
+static inline void prefetch_run(const void *start, int64_t run_bytes, int into_l1) {
+    for (int64_t o = 0; o < run_bytes; o += 64) {
+        if (into_l1)
+            __builtin_prefetch((const char *)start + o, 0, 3);
+        else
+            __builtin_prefetch((const char *)start + o, 0, 2);
+    }
 }
 
 /* The per-sequence work for element type ELEM (LOAD converts one element to float), as
@@ -105,8 +114,8 @@ static inline void prefetch_run(const char *start, int64_t run_bytes) {
         const int64_t G = geo->num_heads / geo->num_kv_heads;                                  \
         const int64_t run_bytes = nh * D * (int64_t)sizeof(ELEM);                              \
         for (int64_t t = 0; t < n; ++t) {                                                      \
-            prefetch_run((const char *)(k_next + t * TS), run_bytes);                          \
-            prefetch_run((const char *)(k_next + geo->kv_stride + t * TS), run_bytes);         \
+            prefetch_run(k_next + t * TS, run_bytes, 1);                                       \
+            prefetch_run(k_next + geo->kv_stride + t * TS, run_bytes, 1);                      \
             for (int64_t h = 0; h < nh; ++h) {                                                 \
                 const ELEM *k = k_block + t * TS + h * D;                                      \
                 for (int64_t r = h * G; r < (h + 1) * G; ++r) {                                \
@@ -209,15 +218,6 @@ static inline __m512 exp_nonpositive16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* A row of the next block into L2 (into L1 was 1.2x slower in fp32). The kernel spreads
- * these over its loops, a row at a time, K rows among the first query row's dot products
- * and V rows among the weighted sums: 1.11-1.19x (bf16) and 1.04-1.25x (fp32) faster than
- * all of a head's rows in one burst before its dot products (two threads, 4-64 sequences of
- * 200-2,000 positions), where the burst fills the core's few fill buffers and stalls. */
-static inline void prefetch_row(const void *row, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)row + o, _MM_HINT_T1);
-}
-
 /* Lane i of the result is the sum of the 16 lanes of x[i]. */
 static inline __m512 sum_lanes16(const __m512 *x) {
     __m512 pairs[8], quads[4], halves[2];
@@ -246,7 +246,7 @@ static inline void dots16_f32(const float *k, int64_t TS, int64_t rows, const fl
 #pragma GCC unroll 16
     for (int t = 0; t < PD_LANES; ++t) {
         const float *kt = k + t * TS;
-        if (next && t < rows) prefetch_row(next + t * TS, 64 * sizeof(float));
+        if (next && t < rows) prefetch_run(next + t * TS, 64 * sizeof(float), 0);
         dots[t] = t < rows ? _mm512_add_ps(
                                  _mm512_fmadd_ps(_mm512_loadu_ps(kt + 32), q2,
                                                  _mm512_mul_ps(_mm512_loadu_ps(kt), q0)),
@@ -274,7 +274,7 @@ static inline void dots16_bf16(const uint16_t *k, int64_t TS, int64_t rows, cons
 #pragma GCC unroll 16
     for (int t = 0; t < PD_LANES; ++t) {
         const uint16_t *kt = k + t * TS;
-        if (next && t < rows) prefetch_row(next + t * TS, 64 * sizeof(uint16_t));
+        if (next && t < rows) prefetch_run(next + t * TS, 64 * sizeof(uint16_t), 0);
         dots[t] = t < rows ? _mm512_dpbf16_ps(
                                  _mm512_dpbf16_ps(_mm512_setzero_ps(), load_bf16x32(kt), qa),
                                  load_bf16x32(kt + 32), qb)
@@ -316,12 +316,13 @@ static inline __m512 row16_bf16(const uint16_t *v) {
                 const __mmask16 valid = (__mmask16)((1u << n) - 1u);                           \
                 for (int64_t h = 0; h < nh; ++h) {                                             \
                     const ELEM *k = k_block + t0 * TS + h * D, *v = k + geo->kv_stride;        \
+                    const ELEM *k_ahead = k_next + t0 * TS + h * D;                            \
+                    const ELEM *v_ahead = k_ahead + geo->kv_stride; /* the next block's */     \
                     float shrink[PD_MAX_GROUP];                                                \
                     for (int64_t g = 0; g < G; ++g) {                                          \
                         const int64_t r = h * G + g;                                           \
                         __m512 dots[PD_LANES];                                                 \
-                        const ELEM *prefetch = g == 0 ? k_next + t0 * TS + h * D : NULL;       \
-                        DOTS16(k, TS, in_memory, q + r * D, dots, prefetch);                   \
+                        DOTS16(k, TS, in_memory, q + r * D, dots, g == 0 ? k_ahead : NULL);    \
                         const __m512 s = _mm512_mask_blend_ps(                                 \
                             valid, _mm512_set1_ps(-FLT_MAX),                                   \
                             _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale)));          \
@@ -345,7 +346,7 @@ static inline __m512 row16_bf16(const uint16_t *v) {
                                 _mm512_set1_ps(shrink[g]));                                    \
                     for (int64_t t = 0; t < n; ++t) {                                          \
                         const ELEM *vt = v + t * TS;                                           \
-                        prefetch_row(k_next + geo->kv_stride + (t0 + t) * TS + h * D, row_bytes); \
+                        prefetch_run(v_ahead + t * TS, row_bytes, 0);                          \
                         const __m512 v0 = ROW16(vt), v1 = ROW16(vt + 16);                      \
                         const __m512 v2 = ROW16(vt + 32), v3 = ROW16(vt + 48);                 \
                         for (int64_t g = 0; g < G; ++g) {                                      \
