@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from engine.attention import AttentionBackend, get_backend, layout_chunks, token_positions
-from engine.huge_pages import advise_huge_pages
+from engine.host_memory import advise_huge_pages, keep_freed_memory
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
 from engine.model.packed_linear import can_pack
@@ -43,7 +43,7 @@ def allocate_kv_cache(
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """A zeroed pool of ``num_blocks`` blocks (zeros keep padded reads finite), on huge pages
-    where the OS grants them (see ``engine/huge_pages.py``)."""
+    where the OS grants them (see ``engine/host_memory.py``)."""
     if num_blocks < 1 or block_size < 1:
         raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
     pool = torch.empty(kv_cache_shape(config, num_blocks, block_size), dtype=dtype, device=device)
@@ -81,6 +81,8 @@ class ModelRunner:
         self.block_size = block_size
         self.device = torch.device(device)
         self.attention = attention_backend or get_backend("auto", self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # steps reuse the pages of the last one's activations
         if can_pack(self.device, model_dtype):
             model.pack_linears()  # in place and idempotent: engines may share one model
 
