@@ -4,8 +4,9 @@
  * Built at first use by engine/model/packed_gemm.py and called through ctypes. Why: a decode
  * step runs every linear on 1-64 rows. oneDNN's packed fp32 GEMM reaches 55-60% of this
  * CPU's peak there (SmolLM2's layer linears, 64 rows, two threads: 61-64 ms), while this
- * plain register-blocked loop reaches 70% (51-54 ms); at 2,048 rows (prefill chunks) it is
- * 5-9% behind oneDNN (python -m bench.packed_gemm).
+ * plain register-blocked loop, prefetching the next panel while it works on this one, reaches
+ * 80% (46 ms); at 2,048 rows (prefill chunks) it is level with oneDNN to 9% behind
+ * (python -m bench.packed_gemm).
  *
  * Layout: W [N][K] (out x in, torch's) becomes panels of 32 output columns,
  *     packed[p][k][j] = W[p * 32 + j][k]   (zero where p * 32 + j >= N),
@@ -24,7 +25,7 @@
 
 typedef float v16 __attribute__((vector_size(64)));
 
-enum { PANEL = 32, MAX_ROWS = 8, ROW_BLOCK = 512 };
+enum { PANEL = 32, MAX_ROWS = 8, ROW_BLOCK = 512, PREFETCH_TILES = 16 };
 enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3 };
 
 static inline v16 load16(const float *src) {
@@ -72,22 +73,40 @@ static inline void finish_row(v16 acc_lo, v16 acc_hi, const Epilogue *ep, int64_
     memcpy(y, v, (size_t)count * sizeof(float));
 }
 
+/* Lines of the next panel one tile prefetches into L2: `count` lines from `first`, one every
+ * `every` steps of its k loop (see next_panel_share). */
+typedef struct {
+    const char *first;
+    int64_t count, every;
+} NextPanel;
+
+/* One k step of a tile: the panel's row i (prefetching 1 KB ahead) times x's column i. */
+#define TILE_STEP(MR)                                                                          \
+    do {                                                                                       \
+        const v16 b_lo = load16(panel + i * PANEL), b_hi = load16(panel + i * PANEL + 16);     \
+        __builtin_prefetch(panel + (i + 8) * PANEL, 0, 3);                                     \
+        __builtin_prefetch(panel + (i + 8) * PANEL + 16, 0, 3);                                \
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {                                 \
+            const float a = x[r * x_stride + i];                                               \
+            lo[r] += a * b_lo;                                                                 \
+            hi[r] += a * b_hi;                                                                 \
+        }                                                                                      \
+    } while (0)
+
 /* MR rows of x (x_stride apart) times one panel: y's 32 columns of those rows. */
 #define DEFINE_TILE(MR)                                                                        \
     static void tile_##MR(const float *x, int64_t x_stride, const float *panel, int64_t k,     \
-                          const Epilogue *ep, int64_t row, int64_t col, int64_t count,         \
-                          float *y, int64_t y_stride) {                                        \
+                          const NextPanel *next, const Epilogue *ep, int64_t row, int64_t col, \
+                          int64_t count, float *y, int64_t y_stride) {                         \
         v16 lo[MR], hi[MR];                                                                    \
         for (int r = 0; r < MR; ++r) lo[r] = hi[r] = (v16){0};                                 \
-        for (int64_t i = 0; i < k; ++i) {                                                      \
-            const v16 b_lo = load16(panel + i * PANEL), b_hi = load16(panel + i * PANEL + 16); \
-            __builtin_prefetch(panel + (i + 8) * PANEL, 0, 3);                                 \
-            __builtin_prefetch(panel + (i + 8) * PANEL + 16, 0, 3);                            \
-            _Pragma("GCC unroll 8") for (int r = 0; r < MR; ++r) {                             \
-                const float a = x[r * x_stride + i];                                           \
-                lo[r] += a * b_lo;                                                             \
-                hi[r] += a * b_hi;                                                             \
-            }                                                                                  \
+        /* k in runs of `every` steps, a prefetch before each run, so the steps stay one */    \
+        /* tight loop: a test or a division in it, or NextPanel passed by value, slowed */     \
+        /* 2,048-row GEMMs by 10-20%. */                                                       \
+        for (int64_t start = 0, line = 0; start < k; start += next->every, ++line) {           \
+            if (line < next->count) __builtin_prefetch(next->first + 64 * line, 0, 2);         \
+            const int64_t stop = start + next->every < k ? start + next->every : k;            \
+            for (int64_t i = start; i < stop; ++i) TILE_STEP(MR);                              \
         }                                                                                      \
         for (int r = 0; r < MR; ++r)                                                           \
             finish_row(lo[r], hi[r], ep, row + r, col, count, y + r * y_stride);               \
@@ -102,10 +121,28 @@ DEFINE_TILE(6)
 DEFINE_TILE(7)
 DEFINE_TILE(8)
 
-typedef void (*TileFn)(const float *, int64_t, const float *, int64_t, const Epilogue *, int64_t,
-                       int64_t, int64_t, float *, int64_t);
+typedef void (*TileFn)(const float *, int64_t, const float *, int64_t, const NextPanel *,
+                       const Epilogue *, int64_t, int64_t, int64_t, float *, int64_t);
 static const TileFn TILES[MAX_ROWS + 1] = {0,      tile_1, tile_2, tile_3, tile_4,
                                            tile_5, tile_6, tile_7, tile_8};
+
+/* Tile `tile` of `tiles` over panel p: its share of prefetching panel p + 1 into L2.
+ *
+ * The first tile of a panel reads the panel from memory; the others read it from L2 while the
+ * memory idles, so a GEMM on a few rows took the weights' read time plus their arithmetic.
+ * Now those other tiles fetch the next panel, one line every few k steps (bursts of
+ * prefetches stall on the core's few fill buffers): 64 rows 15% faster, 32 and 16 rows 4-5%
+ * (python -m bench.packed_gemm, 2026-11-23). Only up to PREFETCH_TILES tiles (128 rows):
+ * beyond, the read is small against the arithmetic and 2,048 rows measured no gain. */
+static NextPanel next_panel_share(const float *packed, int64_t panels, int64_t p, int64_t k,
+                                  int64_t tile, int64_t tiles) {
+    const int64_t lines = k * PANEL * (int64_t)sizeof(float) / 64;
+    if (tile == 0 || tiles > PREFETCH_TILES || p + 1 >= panels) return (NextPanel){0, 0, k};
+    const int64_t every = (tiles - 1) / 2 > 1 ? (tiles - 1) / 2 : 1; /* 2k lines, k steps each */
+    const int64_t share = (k + every - 1) / every, first = (tile - 1) * share;
+    const int64_t count = first >= lines ? 0 : (lines - first < share ? lines - first : share);
+    return (NextPanel){(const char *)(packed + (p + 1) * k * PANEL) + first * 64, count, every};
+}
 
 /* y[rows][n] (y_stride apart) = op(x[rows][k] (x_stride apart) W^T + bias, other). */
 void pdserve_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
@@ -121,8 +158,10 @@ void pdserve_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
             const int64_t col = p * PANEL, count = n - col < PANEL ? n - col : PANEL;
             for (int64_t r = r0; r < r1; r += MAX_ROWS) {
                 const int64_t mr = r1 - r < MAX_ROWS ? r1 - r : MAX_ROWS;
-                TILES[mr](x + r * x_stride, x_stride, packed + p * k * PANEL, k, &ep, r, col,
-                          count, y + r * y_stride + col, y_stride);
+                const NextPanel next = next_panel_share(packed, panels, p, k, (r - r0) / MAX_ROWS,
+                                                        (r1 - r0 + MAX_ROWS - 1) / MAX_ROWS);
+                TILES[mr](x + r * x_stride, x_stride, packed + p * k * PANEL, k, &next, &ep, r,
+                          col, count, y + r * y_stride + col, y_stride);
             }
         }
     }
