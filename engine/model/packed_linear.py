@@ -5,8 +5,8 @@ sequences (often 4..64) or a prefill chunk (up to the token budget). For small `
 default BLAS path reads the weights at half the memory bandwidth or less. Packed once into a
 layout the GEMM reads front to back, the weights serve every ``T``:
 
-- fp32: our own GEMM (``engine/model/packed_gemm.c``), 1.15-1.30x faster than oneDNN's packed
-  fp32 GEMM for 1-64 rows, level at 256 and 5-9% slower at 2,048 (SmolLM2's layer linears,
+- fp32: our own GEMM (``engine/model/packed_gemm.c``), 1.15-1.40x faster than oneDNN's packed
+  fp32 GEMM for 1-64 rows, level to 9% slower from 256 rows up (SmolLM2's layer linears,
   two threads, ``python -m bench.packed_gemm``); oneDNN when it cannot be built.
 - bf16: oneDNN, which runs bf16 on AMX here.
 
