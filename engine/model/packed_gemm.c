@@ -1,5 +1,5 @@
 /* fp32 linear layers against a weight packed once: y = x W^T (+ bias), then an element-wise
- * op (none, SiLU, times another tensor, plus another tensor), for any number of rows.
+ * op (none, SiLU, times another tensor, plus another tensor, SwiGLU), for any number of rows.
  *
  * Built at first use by engine/model/packed_gemm.py and called through ctypes. Why: a decode
  * step runs every linear on 1-64 rows. oneDNN's packed fp32 GEMM reaches 55-60% of this
@@ -26,7 +26,7 @@
 typedef float v16 __attribute__((vector_size(64)));
 
 enum { PANEL = 32, MAX_ROWS = 8, ROW_BLOCK = 512, PREFETCH_TILES = 16 };
-enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3 };
+enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3, OP_SWIGLU = 4 };
 
 static inline v16 load16(const float *src) {
     v16 v;
@@ -70,6 +70,11 @@ static inline void finish_row(v16 acc_lo, v16 acc_hi, const Epilogue *ep, int64_
         for (int64_t j = 0; j < count; ++j) v[j] *= other[j];
     else if (ep->op == OP_ADD)
         for (int64_t j = 0; j < count; ++j) v[j] += other[j];
+    else if (ep->op == OP_SWIGLU) { /* v = 16 gate columns, then the same 16 of up */
+        for (int64_t j = 0; j < PANEL / 2; ++j)
+            v[j] = v[j] / (1.0f + exp_poly(-v[j])) * v[j + PANEL / 2];
+        count /= 2;
+    }
     memcpy(y, v, (size_t)count * sizeof(float));
 }
 
@@ -144,7 +149,10 @@ static NextPanel next_panel_share(const float *packed, int64_t panels, int64_t p
     return (NextPanel){(const char *)(packed + (p + 1) * k * PANEL) + first * 64, count, every};
 }
 
-/* y[rows][n] (y_stride apart) = op(x[rows][k] (x_stride apart) W^T + bias, other). */
+/* y[rows][n] (y_stride apart) = op(x[rows][k] (x_stride apart) W^T + bias, other).
+ * OP_SWIGLU: W's rows alternate 16 gate rows and the matching 16 up rows (n a multiple of
+ * 32), and y gets n / 2 columns, silu(gate) * up: the MLP's two GEMMs in one, without
+ * writing the gate out and reading it back. */
 void pdserve_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
                     const float *packed, int64_t n, const float *bias, int op,
                     const float *other, int64_t other_stride, float *y, int64_t y_stride,
@@ -160,8 +168,9 @@ void pdserve_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
                 const int64_t mr = r1 - r < MAX_ROWS ? r1 - r : MAX_ROWS;
                 const NextPanel next = next_panel_share(packed, panels, p, k, (r - r0) / MAX_ROWS,
                                                         (r1 - r0 + MAX_ROWS - 1) / MAX_ROWS);
+                const int64_t y_col = op == OP_SWIGLU ? col / 2 : col;
                 TILES[mr](x + r * x_stride, x_stride, packed + p * k * PANEL, k, &next, &ep, r,
-                          col, count, y + r * y_stride + col, y_stride);
+                          col, count, y + r * y_stride + y_col, y_stride);
             }
         }
     }

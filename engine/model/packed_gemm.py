@@ -22,7 +22,8 @@ SOURCE = Path(__file__).with_name("packed_gemm.c")
 # trapping math lets the epilogue's floorf vectorize (no effect on results).
 CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-trapping-math")
 PANEL = 32  # output columns per packed panel (the C side's PANEL)
-OPS = {"none": 0, "swish": 1, "mul": 2, "add": 3}
+OPS = {"none": 0, "swish": 1, "mul": 2, "add": 3, "swiglu": 4}
+SWIGLU_GROUP = PANEL // 2  # gate rows, then as many up rows, in each panel of a SwiGLU weight
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _LINEAR_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
     _PTR, _I64, _I64, _I64,  # x, x_stride, rows, k
@@ -71,22 +72,37 @@ class PackedGemm:
         # The C side trusts every pointer and stride it gets: check them here.
         assert x.dim() == 2 and x.shape[1] == in_features, f"x {tuple(x.shape)}, in {in_features}"
         assert x.dtype == torch.float32 and x.device.type == "cpu", f"x {x.dtype} {x.device}"
-        assert (other is None) == (op in ("none", "swish")), f"op {op!r} with other={other}"
+        assert (other is None) == (op in ("none", "swish", "swiglu")), f"op {op!r}, {other=}"
         if other is not None:
             assert other.shape == (x.shape[0], out_features), f"other {tuple(other.shape)}"
             assert other.dtype == torch.float32, f"other {other.dtype}"
         if bias is not None:
             assert bias.shape == (out_features,) and bias.is_contiguous(), "bias not [out] dense"
             assert bias.dtype == torch.float32, f"bias {bias.dtype}"
+        # swiglu: the weight's rows pair gate and up groups (swiglu_rows), half as many outputs
+        width = out_features // 2 if op == "swiglu" else out_features
+        assert op != "swiglu" or out_features % PANEL == 0, f"swiglu on {out_features} rows"
         rows = x.shape[0]
-        y = torch.empty(rows, out_features, dtype=torch.float32)
+        y = torch.empty(rows, width, dtype=torch.float32)
         self._linear(
             x.data_ptr(), x.stride(0), rows, in_features, packed.data_ptr(), out_features,
             0 if bias is None else bias.data_ptr(), OPS[op],
             0 if other is None else other.data_ptr(), 0 if other is None else other.stride(0),
-            y.data_ptr(), out_features, torch.get_num_threads(),
+            y.data_ptr(), width, torch.get_num_threads(),
         )  # fmt: skip
         return y
+
+
+def swiglu_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The rows (or bias entries) of ``gate`` and ``up`` in groups of 16 alternating, gate
+    first: the weight of the "swiglu" op, whose every 32-column panel then holds 16 gate
+    columns and the matching 16 up ones. Their count must be a multiple of 16."""
+    assert gate.shape == up.shape and gate.shape[0] % SWIGLU_GROUP == 0, f"{tuple(gate.shape)}"
+    rest = gate.shape[1:]
+    pairs = torch.stack(
+        (gate.reshape(-1, SWIGLU_GROUP, *rest), up.reshape(-1, SWIGLU_GROUP, *rest)), 1
+    )
+    return pairs.reshape(2 * gate.shape[0], *rest)
 
 
 @functools.cache

@@ -12,7 +12,7 @@ layout the GEMM reads front to back, the weights serve every ``T``:
 
 Both apply an element-wise op to the GEMM result before storing it (a "post-op"), which
 saves the separate passes over the activations for SiLU, the gate product and the residual
-adds.
+adds; in fp32 the MLP's gate and up are even one GEMM, see :class:`PackedMLP`.
 
 The packed weight replaces the plain one (no second copy), so a packed model's
 ``state_dict`` holds packed tensors: pack only models that serve
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.model.packed_gemm import PackedGemm, load_packed_gemm
+from engine.model.packed_gemm import SWIGLU_GROUP, PackedGemm, load_packed_gemm, swiglu_rows
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -53,7 +53,9 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().clone()  # not a view of the loader's
 
     def forward(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
-        """``x: [T, in]`` -> ``[T, out]``; ``activation="swish"`` applies SiLU in the GEMM."""
+        """``x: [T, in]`` -> ``[T, out]``; ``activation="swish"`` applies SiLU in the GEMM;
+        ``"swiglu"`` (our fp32 GEMM only, a weight built by ``swiglu_rows``) -> ``[T, out /
+        2]``, ``silu(gate) * up``."""
         if self._gemm is not None:
             return self._gemm.linear(
                 x, self.packed_weight, self.out_features, self.bias, activation
@@ -72,8 +74,10 @@ class PackedLinear(nn.Module):
 
 
 class PackedMLP(nn.Module):
-    """SwiGLU MLP ``down(silu(gate(x)) * up(x))`` as three packed GEMMs with fused post-ops:
-    SiLU inside the gate GEMM, the product inside the up GEMM, the residual add inside down."""
+    """SwiGLU MLP ``down(silu(gate(x)) * up(x))`` as packed GEMMs with fused post-ops, the
+    residual add inside ``down``. fp32 on our GEMM: gate and up are one GEMM whose post-op is
+    ``silu(gate) * up`` (the gate never goes to memory). Otherwise two: SiLU inside the gate
+    GEMM, the product inside the up GEMM."""
 
     def __init__(
         self,
@@ -84,14 +88,25 @@ class PackedMLP(nn.Module):
         super().__init__()
         gate_w, up_w = gate_up_weight.detach().chunk(2)
         gate_b, up_b = (None, None) if gate_up_bias is None else gate_up_bias.detach().chunk(2)
-        self.gate = PackedLinear(gate_w, gate_b)
-        self.up = PackedLinear(up_w, up_b)
+        self.gate_up: PackedLinear | None = None  # the one-GEMM form
+        self.gate: PackedLinear | None = None  # the two-GEMM form
+        self.up: PackedLinear | None = None
+        one_gemm = gate_w.dtype == torch.float32 and load_packed_gemm() is not None
+        if one_gemm and gate_w.shape[0] % SWIGLU_GROUP == 0:
+            bias = None if gate_b is None or up_b is None else swiglu_rows(gate_b, up_b)
+            self.gate_up = PackedLinear(swiglu_rows(gate_w, up_w), bias)
+        else:
+            self.gate, self.up = PackedLinear(gate_w, gate_b), PackedLinear(up_w, up_b)
         self.down = PackedLinear(down.weight, down.bias)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + mlp(x)``; ``x``, ``residual``: [T, hidden]."""
-        gate = self.gate(x, activation="swish")  # [T, intermediate]
-        hidden = self.up.forward_binary(x, gate, "mul")  # [T, intermediate]
+        if self.gate_up is not None:
+            hidden = self.gate_up(x, activation="swiglu")  # [T, intermediate]
+        else:
+            assert self.gate is not None and self.up is not None
+            gate = self.gate(x, activation="swish")  # [T, intermediate]
+            hidden = self.up.forward_binary(x, gate, "mul")
         return self.down.forward_binary(hidden, residual, "add")
 
 

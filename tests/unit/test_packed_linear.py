@@ -65,14 +65,20 @@ def test_packed_linear_and_its_post_ops_match_torch(
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_mlp_equals_swiglu_plus_residual(bias: bool) -> None:
-    torch.manual_seed(0)
-    gate_up, down = nn.Linear(16, 2 * 40, bias=bias), nn.Linear(40, 16, bias=bias)
-    x, residual = torch.randn(7, 16), torch.randn(7, 16)
-    gate, up = gate_up(x).split(40, dim=-1)
+@pytest.mark.parametrize("inter", [40, 48])  # 48: groups of 16, so ours runs gate and up as one
+@pytest.mark.parametrize("rows", [7, 70])  # 70: several row tiles, so the next-panel prefetch
+def test_packed_mlp_equals_swiglu_plus_residual(
+    bias: bool, inter: int, rows: int, fp32_gemm: str
+) -> None:
+    torch.manual_seed(inter)
+    gate_up, down = nn.Linear(16, 2 * inter, bias=bias), nn.Linear(inter, 16, bias=bias)
+    x, residual = torch.randn(rows, 16), torch.randn(rows, 16)
+    gate, up = gate_up(x).split(inter, dim=-1)
     expected = residual + down(F.silu(gate) * up)
-    got = PackedMLP(gate_up.weight, gate_up.bias, down)(x, residual)
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    mlp = PackedMLP(gate_up.weight, gate_up.bias, down)
+    one_gemm = fp32_gemm == "native" and inter % 16 == 0
+    assert (mlp.gate_up is not None) == one_gemm and (mlp.gate is None) == one_gemm
+    torch.testing.assert_close(mlp(x, residual), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_strided_rows_and_silu_far_out_on_both_sides() -> None:
