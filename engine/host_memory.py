@@ -59,7 +59,8 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
 def keep_freed_memory() -> bool:
     """Serve allocations up to 32 MiB from the heap and keep up to 1 GiB of it free, so the
     activations of one step reuse the pages of the last. Once per process; True when glibc
-    took both settings."""
+    took both settings. Process-wide: meant for serving processes, where the CPU model runner
+    calls it; a program that embeds the engine gets the same settings."""
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False
