@@ -66,7 +66,7 @@ def test_packed_linear_and_its_post_ops_match_torch(
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("inter", [40, 48])  # 48: groups of 16, so ours runs gate and up as one
-@pytest.mark.parametrize("rows", [7, 70])  # 70: several row tiles, so the next-panel prefetch
+@pytest.mark.parametrize("rows", [7, 70])  # 70: 9 row tiles, so the next-panel prefetch runs
 def test_packed_mlp_equals_swiglu_plus_residual(
     bias: bool, inter: int, rows: int, fp32_gemm: str
 ) -> None:
