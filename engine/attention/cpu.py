@@ -13,7 +13,8 @@ Rows are precomputed for layer 0 once per step (``cpu_plan.py``); layer ``l`` ad
 Decode tokens (one-token chunks) take one of these strategies:
 
 * ``native``: the C kernel of ``paged_decode.c`` reads each K/V row once, in place in the pool
-  (no gather, no padding); the default when it builds (``engine/attention/native.py``);
+  (no gather, no padding); the default when it builds (``engine/attention/native.py``). With
+  it, fp32 prefill chunks run on the C kernel of ``paged_prefill.c``, also in place;
 * ``grouped``: length-sorted groups of at most ``group_tokens`` gathered key positions, one
   gather and one SDPA call per group, so a group's gather buffer is still in cache when SDPA
   reads it (the best pure-torch strategy measured);
@@ -23,9 +24,11 @@ Decode tokens (one-token chunks) take one of these strategies:
 Gathers write into one reused scratch buffer: a fresh multi-megabyte tensor per layer costs
 more in page faults than the copy itself.
 
-Chunks of several tokens (prefill) run per sequence with torch's flash kernel; a chunk
-starting at position 0 attends to its own fresh K/V with ``is_causal`` (no gather), a later
-chunk gathers only the cached prefix and merges two unmasked calls (``cpu_prefill.py``).
+Chunks of several tokens (prefill) run per sequence: in fp32 with ``native``, on the kernel of
+``paged_prefill.c`` (``engine/attention/paged_prefill.py``); otherwise with torch's flash
+kernel, where a chunk starting at position 0 attends to its own fresh K/V with ``is_causal``
+(no gather) and a later chunk gathers only the cached prefix and merges two unmasked calls
+(``cpu_prefill.py``). bf16 keeps torch's kernel: it runs on AMX, faster than fp32 arithmetic.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from engine.attention.cpu_plan import (
 )
 from engine.attention.cpu_prefill import attend_after_prefix, attend_fresh
 from engine.attention.native import PagedDecodeKernel, load_paged_decode
+from engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
 
 DECODE_STRATEGIES = ("native", "grouped", "padded", "per_seq")
 DEFAULT_GROUP_TOKENS = 2048
@@ -75,6 +79,7 @@ class CpuAttentionBackend:
         if group_tokens < 1:
             raise ValueError(f"group_tokens must be >= 1, got {group_tokens}")
         self._kernel: PagedDecodeKernel | None = None
+        self._prefill_kernel: PagedPrefillKernel | None = None
         if decode_strategy == "native":
             self._kernel = load_paged_decode()
             if self._kernel is None:
@@ -82,6 +87,7 @@ class CpuAttentionBackend:
                     "the native paged decode kernel could not be built (see the warning "
                     "logged above); use attention backend 'cpu-grouped'"
                 )
+            self._prefill_kernel = load_paged_prefill()  # None: torch's kernel (logged)
         self.decode_strategy = decode_strategy
         self.name = f"cpu-{decode_strategy}".replace("_", "-")
         budgets = {"grouped": float(group_tokens), "padded": float("inf"), "per_seq": 0.0}
@@ -119,8 +125,6 @@ class CpuAttentionBackend:
         decode = data.decode
         if isinstance(decode, DecodePlan) and not data.prefills and decode.token_rows is None:
             return self._decode(q, gather_view, decode, row_offset)  # [B, H * D]
-        if decode is None and len(data.prefills) == 1:  # one prefill chunk: the whole batch
-            return self._prefill(q, k, v, gather_view, data.prefills[0], row_offset)
         out = q.new_empty(q.shape[0], q.shape[1] * head_dim)  # [T, H * D]
         if isinstance(decode, NativeDecodePlan):
             self._native_decode(q, kv_cache, decode, layer_idx, out)
@@ -132,7 +136,12 @@ class CpuAttentionBackend:
                 out.index_copy_(0, decode.token_rows, decoded)
         for chunk in data.prefills:
             span = slice(chunk.token_start, chunk.token_end)
-            out[span] = self._prefill(q[span], k[span], v[span], gather_view, chunk, row_offset)
+            if self._prefill_kernel is not None and self._prefill_kernel.handles(q):
+                self._prefill_kernel(
+                    q[span], kv_cache, chunk.table, chunk.prefix_len, layer_idx, out[span]
+                )
+            else:
+                out[span] = self._prefill(q[span], k[span], v[span], gather_view, chunk, row_offset)
         return out
 
     def _native_decode(

@@ -56,12 +56,14 @@ class NativeDecodePlan:
 
 @dataclass(slots=True, frozen=True)
 class PrefillPlan:
-    """One multi-token chunk (see ``engine/attention/cpu_prefill.py``)."""
+    """One multi-token chunk: for the native kernel (``engine/attention/paged_prefill.py``) its
+    block table, for torch's (``engine/attention/cpu_prefill.py``) the rows of its prefix."""
 
     token_start: int
     token_end: int
     prefix_len: int  # cached positions before the chunk (its start_pos)
     gather_rows: torch.Tensor | None  # [2 * prefix blocks]; None when prefix_len == 0
+    table: torch.Tensor  # [blocks up to the chunk's end] int32
 
 
 def plan_native_decodes(layout: StepLayout, device: torch.device) -> NativeDecodePlan | None:
@@ -183,12 +185,15 @@ def plan_prefills(
         if start_pos > 0:  # the chunk's own K/V come with the step; gather only the prefix
             prefix_blocks = layout.block_tables[i][: -(-start_pos // block_size)]
             rows = torch.tensor(gather_rows(prefix_blocks, num_layers), device=device)
+        token_start, token_end = layout.query_start_loc[i], layout.query_start_loc[i + 1]
+        blocks = layout.block_tables[i][: -(-(start_pos + token_end - token_start) // block_size)]
         plans.append(
             PrefillPlan(
-                token_start=layout.query_start_loc[i],
-                token_end=layout.query_start_loc[i + 1],
+                token_start=token_start,
+                token_end=token_end,
                 prefix_len=start_pos,
                 gather_rows=rows,
+                table=torch.tensor(blocks, dtype=torch.int32, device=device),
             )
         )
     return tuple(plans)

@@ -1,0 +1,77 @@
+"""The native fp32 paged prefill kernel (``paged_prefill.c``): built at first use, called via
+ctypes.
+
+Without a compiler (or on a failed build) the loader returns None with the reason logged,
+and the CPU backend keeps torch's flash kernel for prefill chunks (``cpu_prefill.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.native_build import BASE_CFLAGS, load_library
+
+SOURCE = Path(__file__).with_name("paged_prefill.c")
+# FMA contraction, as in any GEMM; no trapping math lets the exp polynomial vectorize.
+CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-trapping-math")
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
+    _PTR, _I64, _I64, _I64,  # q, q_row_stride, n, start
+    _PTR, _PTR, _PTR, _I64,  # pool, table, out, out_row_stride
+    _I64, _I64, _I64, _I64, _I64, _I64,  # heads, kv_heads, head_dim, layers, block_size, layer
+    ctypes.c_int,  # num_threads
+]  # fmt: skip
+
+
+class PagedPrefillKernel:
+    """Causal attention of one sequence's prefill chunk over the paged pool (see the C file)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._fn = library.pdserve_paged_prefill
+        self._fn.argtypes = _ARGTYPES
+        self._fn.restype = ctypes.c_int
+
+    @staticmethod
+    def handles(q: torch.Tensor) -> bool:
+        """fp32 queries with a head_dim the kernel's 8-wide output tiles divide."""
+        return q.dtype == torch.float32 and q.shape[-1] % 8 == 0
+
+    def __call__(
+        self,
+        q: torch.Tensor,  # [n, H, D] fp32; rows may be strided (a view into the fused qkv)
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D], contiguous
+        table: torch.Tensor,  # [W] int32: the sequence's blocks, covering start + n positions
+        start: int,  # position of the chunk's first token
+        layer_idx: int,
+        out: torch.Tensor,  # [n, H * D], rows written
+    ) -> None:
+        n, num_heads, head_dim = q.shape
+        num_layers, block_size, kv_heads = kv_cache.shape[1], kv_cache.shape[3], kv_cache.shape[4]
+        # The C side trusts every pointer and stride it gets: check them here.
+        assert self.handles(q), f"q {q.dtype} with head_dim {head_dim}: see handles()"
+        assert q.dtype == kv_cache.dtype == out.dtype, f"{q.dtype}, {kv_cache.dtype}, {out.dtype}"
+        assert q.stride(2) == 1 and q.stride(1) == head_dim, f"q strides {q.stride()}"
+        assert out.shape == (n, num_heads * head_dim) and out.stride(1) == 1, "out not [n, H*D]"
+        assert kv_cache.is_contiguous() and num_heads % kv_heads == 0, "pool not dense / GQA"
+        assert table.dtype == torch.int32 and table.is_contiguous(), "table not dense int32"
+        assert table.shape[0] * block_size >= start + n, "table shorter than the chunk's end"
+        assert q.device.type == kv_cache.device.type == "cpu", "the kernel runs on CPU tensors"
+        status = self._fn(
+            q.data_ptr(), q.stride(0), n, start, kv_cache.data_ptr(), table.data_ptr(),
+            out.data_ptr(), out.stride(0), num_heads, kv_heads, head_dim, num_layers,
+            block_size, layer_idx, torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise MemoryError(f"paged prefill kernel could not allocate scratch (status {status})")
+
+
+@functools.cache
+def load_paged_prefill() -> PagedPrefillKernel | None:
+    """The kernel, building it on first use; None (reason logged) when it cannot be built."""
+    library = load_library(SOURCE, CFLAGS, "native paged prefill kernel")
+    return None if library is None else PagedPrefillKernel(library)
