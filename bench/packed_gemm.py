@@ -1,11 +1,12 @@
-"""Our fp32 packed GEMM against oneDNN's packed GEMM, side by side.
+"""Our packed GEMM against oneDNN's packed GEMM, side by side.
 
-    python -m bench.packed_gemm [--rows 1,16,64,2048] [--layers 30] [--repeats 5]
+    python -m bench.packed_gemm [--dtype fp32|bf16] [--rows 1,16,64,2048] [--layers 30]
 
 For each row count, one pass over SmolLM2's layer linears (per layer: qkv 576 -> 960, o
-576 -> 576, gate and up 576 -> 1536, down 1536 -> 576; random fp32 weights packed once by
-each GEMM), best of ``--repeats`` passes: milliseconds, GFLOP/s and the ratio. Decode steps
-run these on 1-64 rows, prefill chunks on up to the token budget (2,048 by default).
+576 -> 576, gate and up 576 -> 1536, down 1536 -> 576; random weights packed once by each
+GEMM), best of ``--repeats`` passes: milliseconds, GFLOP/s and the ratio. Decode steps run
+these on 1-64 rows, prefill chunks on up to the token budget (2,048 by default). Ours is
+``packed_gemm.c`` in fp32 and ``amx_gemm.c`` in bf16.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from collections.abc import Sequence
 import torch
 
 from bench.fused_ops import time_per_call_us
-from engine.model.packed_gemm import PackedGemm, load_packed_gemm
+from engine.model.packed_gemm import PackedGemm, gemm_for
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 LAYER_SHAPES = ((576, 960), (576, 576), (576, 1536), (576, 1536), (1536, 576))  # (in, out)
 
@@ -41,17 +44,20 @@ def pass_onednn(
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
-    gemm = load_packed_gemm()
+    dtype = DTYPES[args.dtype]
+    gemm = gemm_for(dtype)
     if gemm is None:
-        raise SystemExit("the packed GEMM could not be built here (see the warning above)")
-    weights = [torch.randn(out, inp) for _ in range(args.layers) for inp, out in LAYER_SHAPES]
+        raise SystemExit(f"no {args.dtype} packed GEMM here (see the warning or note above)")
+    weights = [
+        torch.randn(out, inp).to(dtype) for _ in range(args.layers) for inp, out in LAYER_SHAPES
+    ]
     ours = [gemm.pack(w) for w in weights]
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
     flops_per_row = 2 * sum(w.numel() for w in weights)
     print(f"{'rows':>5s} {'oneDNN ms':>10s} {'ours ms':>8s} {'oneDNN GFLOP/s':>15s} "
           f"{'ours GFLOP/s':>13s} {'ratio':>6s}")  # fmt: skip
     for rows in args.rows:
-        inputs = {inp: torch.randn(rows, inp) for inp, _ in LAYER_SHAPES}
+        inputs = {inp: torch.randn(rows, inp).to(dtype) for inp, _ in LAYER_SHAPES}
         run_onednn = functools.partial(pass_onednn, weights, onednn, inputs)
         run_ours = functools.partial(pass_ours, gemm, weights, ours, inputs)
         before_ms = time_per_call_us(run_onednn, args.repeats) / 1e3
@@ -59,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         rate = rows * flops_per_row / 1e6
         print(f"{rows:5d} {before_ms:10.1f} {after_ms:8.1f} {rate / before_ms:15.0f} "
               f"{rate / after_ms:13.0f} {before_ms / after_ms:5.2f}x")  # fmt: skip
-    print(f"{args.layers} layers, {torch.get_num_threads()} torch threads")
+    print(f"{args.layers} layers, {args.dtype}, {torch.get_num_threads()} torch threads")
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -67,6 +73,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rows", type=lambda s: [int(n) for n in s.split(",")], default=[1, 16, 64, 2048]
     )
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5)
     return parser.parse_args(argv)

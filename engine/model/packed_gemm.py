@@ -1,15 +1,16 @@
-"""fp32 linears against a weight packed once (``packed_gemm.c``): built at first use, called
-via ctypes.
+"""Linears against a weight packed once, built at first use and called via ctypes: fp32 on
+``packed_gemm.c``, bf16 on AMX tiles with ``amx_gemm.c`` (the same ops and arguments).
 
-:class:`engine.model.packed_linear.PackedLinear` uses it for fp32 weights when it loads, and
-oneDNN otherwise (bf16, where oneDNN runs on AMX, or no C compiler: the reason is logged
-once). See the C file for the layout and the measured speed.
+:class:`engine.model.packed_linear.PackedLinear` uses them when they load, and oneDNN
+otherwise (no C compiler, or bf16 on a CPU without AMX: the reason is logged once). See the
+C files for the layouts and the measured speed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +18,17 @@ import torch
 
 from engine.native_build import BASE_CFLAGS, load_library
 
+log = logging.getLogger(__name__)
+
 SOURCE = Path(__file__).with_name("packed_gemm.c")
+AMX_SOURCE = Path(__file__).with_name("amx_gemm.c")
 # FMA contraction: the accumulation is one multiply-add per weight, as in any BLAS; no
 # trapping math lets the epilogue's floorf vectorize (no effect on results).
 CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-trapping-math")
 PANEL = 32  # output columns per packed panel (the C side's PANEL)
 OPS = {"none": 0, "swish": 1, "mul": 2, "add": 3, "swiglu": 4}
 SWIGLU_GROUP = PANEL // 2  # gate rows, then as many up rows, in each panel of a SwiGLU weight
+AMX_K_STEP = 32  # the AMX GEMM takes in_features in whole tiles of 32
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _LINEAR_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
     _PTR, _I64, _I64, _I64,  # x, x_stride, rows, k
@@ -33,23 +38,31 @@ _LINEAR_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
 
 
 class PackedGemm:
-    """Packs fp32 weights and runs ``op(x @ W.T + bias, other)`` on them (see the C file)."""
+    """Packs weights of one dtype and runs ``op(x @ W.T + bias, other)`` on them (see the C
+    files); every tensor it takes is of that dtype."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
-        self._pack = library.pdserve_pack_weight
+    def __init__(self, library: ctypes.CDLL, dtype: torch.dtype, pack: str, linear: str) -> None:
+        self.dtype = dtype
+        self._pack = getattr(library, pack)
         self._pack.argtypes = [_PTR, _I64, _I64, _I64, _PTR]
         self._pack.restype = None
-        self._linear = library.pdserve_linear
+        self._linear = getattr(library, linear)
         self._linear.argtypes = _LINEAR_ARGTYPES
         self._linear.restype = None
 
+    def handles(self, in_features: int) -> bool:
+        """Whether it takes weights with this many inputs (AMX: whole tiles of K)."""
+        return self.dtype == torch.float32 or in_features % AMX_K_STEP == 0
+
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
-        """``weight: [out, in]`` fp32 -> its panels, ``[ceil(out / 32), in, 32]``."""
-        assert weight.dtype == torch.float32 and weight.device.type == "cpu", weight.dtype
+        """``weight: [out, in]`` -> its panels, ``[ceil(out / 32), in, 32]`` elements (in bf16,
+        ordered as pairs of inputs: see amx_gemm.c)."""
+        assert weight.dtype == self.dtype and weight.device.type == "cpu", weight.dtype
         assert weight.stride(1) == 1, f"weight rows not dense: strides {weight.stride()}"
         out_features, in_features = weight.shape
+        assert self.handles(in_features), f"in_features {in_features} not whole tiles"
         panels = -(-out_features // PANEL)
-        packed = torch.empty(panels, in_features, PANEL, dtype=torch.float32)
+        packed = torch.empty(panels, in_features, PANEL, dtype=self.dtype)
         self._pack(
             weight.data_ptr(), weight.stride(0), out_features, in_features, packed.data_ptr()
         )
@@ -57,7 +70,7 @@ class PackedGemm:
 
     def linear(
         self,
-        x: torch.Tensor,  # [T, in] fp32
+        x: torch.Tensor,  # [T, in]
         packed: torch.Tensor,  # from pack()
         out_features: int,
         bias: torch.Tensor | None,
@@ -71,19 +84,19 @@ class PackedGemm:
             other = other.contiguous()
         # The C side trusts every pointer and stride it gets: check them here.
         assert x.dim() == 2 and x.shape[1] == in_features, f"x {tuple(x.shape)}, in {in_features}"
-        assert x.dtype == torch.float32 and x.device.type == "cpu", f"x {x.dtype} {x.device}"
+        assert x.dtype == self.dtype and x.device.type == "cpu", f"x {x.dtype} {x.device}"
         assert (other is None) == (op in ("none", "swish", "swiglu")), f"op {op!r}, {other=}"
         if other is not None:
             assert other.shape == (x.shape[0], out_features), f"other {tuple(other.shape)}"
-            assert other.dtype == torch.float32, f"other {other.dtype}"
+            assert other.dtype == self.dtype, f"other {other.dtype}"
         if bias is not None:
             assert bias.shape == (out_features,) and bias.is_contiguous(), "bias not [out] dense"
-            assert bias.dtype == torch.float32, f"bias {bias.dtype}"
+            assert bias.dtype == self.dtype, f"bias {bias.dtype}"
         # swiglu: the weight's rows pair gate and up groups (swiglu_rows), half as many outputs
         width = out_features // 2 if op == "swiglu" else out_features
         assert op != "swiglu" or out_features % PANEL == 0, f"swiglu on {out_features} rows"
         rows = x.shape[0]
-        y = torch.empty(rows, width, dtype=torch.float32)
+        y = torch.empty(rows, width, dtype=self.dtype)
         self._linear(
             x.data_ptr(), x.stride(0), rows, in_features, packed.data_ptr(), out_features,
             0 if bias is None else bias.data_ptr(), OPS[op],
@@ -105,8 +118,31 @@ def swiglu_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return pairs.reshape(2 * gate.shape[0], *rest)
 
 
+def gemm_for(dtype: torch.dtype) -> PackedGemm | None:
+    """Our GEMM for weights of ``dtype``, or None (oneDNN's, the reason logged once)."""
+    if dtype == torch.float32:
+        return load_packed_gemm()
+    return load_amx_gemm() if dtype == torch.bfloat16 else None
+
+
 @functools.cache
 def load_packed_gemm() -> PackedGemm | None:
     """The fp32 GEMM, building it on first use; None (reason logged) when it cannot be built."""
     library = load_library(SOURCE, CFLAGS, "native fp32 GEMM")
-    return None if library is None else PackedGemm(library)
+    if library is None:
+        return None
+    return PackedGemm(library, torch.float32, "pdserve_pack_weight", "pdserve_linear")
+
+
+@functools.cache
+def load_amx_gemm() -> PackedGemm | None:
+    """The bf16 AMX GEMM, building it on first use; None (reason logged) when it cannot be
+    built or this CPU (or kernel) offers no AMX."""
+    library = load_library(AMX_SOURCE, CFLAGS, "native bf16 AMX GEMM")
+    if library is None:
+        return None
+    library.pdserve_amx_init.restype = ctypes.c_int
+    if library.pdserve_amx_init() != 0:
+        log.info("no AMX tiles on this CPU (or not granted): bf16 linears stay on oneDNN")
+        return None
+    return PackedGemm(library, torch.bfloat16, "pdserve_amx_pack", "pdserve_amx_linear")

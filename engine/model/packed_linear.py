@@ -8,11 +8,12 @@ layout the GEMM reads front to back, the weights serve every ``T``:
 - fp32: our own GEMM (``engine/model/packed_gemm.c``), 1.15-1.40x faster than oneDNN's packed
   fp32 GEMM for 1-64 rows, level to 9% slower from 256 rows up (SmolLM2's layer linears,
   two threads, ``python -m bench.packed_gemm``); oneDNN when it cannot be built.
-- bf16: oneDNN, which runs bf16 on AMX here.
+- bf16: our own AMX GEMM (``engine/model/amx_gemm.c``) where the CPU has AMX and the input
+  size is a multiple of 32; oneDNN otherwise.
 
-Both apply an element-wise op to the GEMM result before storing it (a "post-op"), which
+All apply an element-wise op to the GEMM result before storing it (a "post-op"), which
 saves the separate passes over the activations for SiLU, the gate product and the residual
-adds; in fp32 the MLP's gate and up are even one GEMM, see :class:`PackedMLP`.
+adds; on our GEMMs the MLP's gate and up are even one GEMM, see :class:`PackedMLP`.
 
 The packed weight replaces the plain one (no second copy), so a packed model's
 ``state_dict`` holds packed tensors: pack only models that serve
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.model.packed_gemm import SWIGLU_GROUP, PackedGemm, load_packed_gemm, swiglu_rows
+from engine.model.packed_gemm import SWIGLU_GROUP, PackedGemm, gemm_for, swiglu_rows
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -43,9 +44,7 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self._gemm: PackedGemm | None = (
-            load_packed_gemm() if weight.dtype == torch.float32 else None
-        )
+        self._gemm: PackedGemm | None = native_gemm(weight)
         if self._gemm is not None:
             self.packed_weight = self._gemm.pack(weight.detach())
         else:  # oneDNN's opaque blocked layout, for any row count (batch-size hint None)
@@ -54,8 +53,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
         """``x: [T, in]`` -> ``[T, out]``; ``activation="swish"`` applies SiLU in the GEMM;
-        ``"swiglu"`` (our fp32 GEMM only, a weight built by ``swiglu_rows``) -> ``[T, out /
-        2]``, ``silu(gate) * up``."""
+        ``"swiglu"`` (our GEMMs only, a weight built by ``swiglu_rows``) -> ``[T, out / 2]``,
+        ``silu(gate) * up``."""
         if self._gemm is not None:
             return self._gemm.linear(
                 x, self.packed_weight, self.out_features, self.bias, activation
@@ -75,9 +74,9 @@ class PackedLinear(nn.Module):
 
 class PackedMLP(nn.Module):
     """SwiGLU MLP ``down(silu(gate(x)) * up(x))`` as packed GEMMs with fused post-ops, the
-    residual add inside ``down``. fp32 on our GEMM: gate and up are one GEMM whose post-op is
-    ``silu(gate) * up`` (the gate never goes to memory). Otherwise two: SiLU inside the gate
-    GEMM, the product inside the up GEMM."""
+    residual add inside ``down``. On our GEMMs: gate and up are one GEMM whose post-op is
+    ``silu(gate) * up`` (the gate never goes to memory). On oneDNN's, two: SiLU inside the
+    gate GEMM, the product inside the up GEMM."""
 
     def __init__(
         self,
@@ -91,8 +90,7 @@ class PackedMLP(nn.Module):
         self.gate_up: PackedLinear | None = None  # the one-GEMM form
         self.gate: PackedLinear | None = None  # the two-GEMM form
         self.up: PackedLinear | None = None
-        one_gemm = gate_w.dtype == torch.float32 and load_packed_gemm() is not None
-        if one_gemm and gate_w.shape[0] % SWIGLU_GROUP == 0:
+        if native_gemm(gate_w) is not None and gate_w.shape[0] % SWIGLU_GROUP == 0:
             bias = None if gate_b is None or up_b is None else swiglu_rows(gate_b, up_b)
             self.gate_up = PackedLinear(swiglu_rows(gate_w, up_w), bias)
         else:
@@ -108,6 +106,12 @@ class PackedMLP(nn.Module):
             gate = self.gate(x, activation="swish")  # [T, intermediate]
             hidden = self.up.forward_binary(x, gate, "mul")
         return self.down.forward_binary(hidden, residual, "add")
+
+
+def native_gemm(weight: torch.Tensor) -> PackedGemm | None:
+    """Our GEMM for this weight (its dtype and input size), or None: oneDNN's."""
+    gemm = gemm_for(weight.dtype)
+    return gemm if gemm is not None and gemm.handles(weight.shape[1]) else None
 
 
 def project_add(proj: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

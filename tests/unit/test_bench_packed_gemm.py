@@ -5,13 +5,16 @@ from __future__ import annotations
 import pytest
 
 from bench import packed_gemm as bench
-from engine.model.packed_gemm import load_packed_gemm
+from engine.model.packed_gemm import gemm_for
 
 
-def test_prints_onednn_and_our_times_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
-    if load_packed_gemm() is None:
-        pytest.skip("no C compiler here: no packed GEMM to measure")
-    bench.main(["--rows", "1,9", "--layers", "1", "--repeats", "1"])
+@pytest.mark.parametrize("dtype", sorted(bench.DTYPES))
+def test_prints_onednn_and_our_times_side_by_side(
+    dtype: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if gemm_for(bench.DTYPES[dtype]) is None:
+        pytest.skip(f"no {dtype} packed GEMM here (no C compiler, or bf16 without AMX)")
+    bench.main(["--dtype", dtype, "--rows", "1,9", "--layers", "1", "--repeats", "1"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:-1]]
     assert [r[0] for r in rows] == ["1", "9"]
     assert all(float(v) > 0 for r in rows for v in r[1:5]) and all(r[5].endswith("x") for r in rows)

@@ -1,5 +1,6 @@
-"""oneDNN-packed linears and the fused MLP against plain torch ops; packing a model in place;
-the KV pool on huge pages; the heap that keeps freed activations."""
+"""Packed linears (our fp32 GEMM, our bf16 AMX GEMM, oneDNN's) and the fused MLP against
+plain torch ops; packing a model in place; the KV pool on huge pages; the heap that keeps
+freed activations."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import engine.model.packed_gemm as packed_gemm
 import engine.model.packed_linear as packed_linear
 from engine.attention import get_backend, layout_chunks, token_positions
 from engine.host_memory import advise_huge_pages, keep_freed_memory
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
-from engine.model.packed_gemm import load_packed_gemm
+from engine.model.packed_gemm import gemm_for, load_packed_gemm
 from engine.model.packed_linear import PackedLinear, PackedMLP, can_pack, project_add
 from engine.runner import allocate_kv_cache, kv_cache_shape
 from engine.scheduler.plan import ScheduledChunk
@@ -27,30 +29,39 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
 @pytest.fixture(params=["native", "onednn"])
-def fp32_gemm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which GEMM packs fp32 weights: ours (packed_gemm.c), or oneDNN as when ours cannot
-    be built."""
+def gemm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which GEMMs pack weights: ours (packed_gemm.c for fp32, amx_gemm.c for bf16 where
+    this CPU has AMX), or oneDNN as when ours cannot be built."""
     if request.param == "onednn":
-        monkeypatch.setattr(packed_linear, "load_packed_gemm", lambda: None)
+        monkeypatch.setattr(packed_linear, "gemm_for", lambda dtype: None)
     elif load_packed_gemm() is None:
-        pytest.skip("no C compiler here: fp32 linears fall back to oneDNN")
+        pytest.skip("no C compiler here: linears fall back to oneDNN")
     return str(request.param)
 
 
+def ours_packs(dtype: torch.dtype, in_features: int, gemm: str) -> bool:
+    """Whether one of our GEMMs takes this weight (bf16: only with AMX, K in tiles of 32)."""
+    ours = gemm_for(dtype)
+    return gemm == "native" and ours is not None and ours.handles(in_features)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, 64, 1100])  # 1100: three row blocks, a partial tile
+@pytest.mark.parametrize("in_features", [16, 64])  # AMX takes 64 (two tiles of K), not 16
+# 1100: fp32 three row blocks; AMX 35 row tiles, rows outer; 20: an AMX tile of 16 + 4 rows
+@pytest.mark.parametrize("rows", [1, 5, 20, 64, 1100])
 def test_packed_linear_and_its_post_ops_match_torch(
-    dtype: torch.dtype, rows: int, fp32_gemm: str
+    dtype: torch.dtype, in_features: int, rows: int, gemm: str
 ) -> None:
     gen = torch.Generator().manual_seed(rows)
     # 40 outputs: one full panel of 32 columns and a partial one
-    weight = torch.randn(40, 16, generator=gen).to(dtype)
+    weight = torch.randn(40, in_features, generator=gen).to(dtype)
     bias = torch.randn(40, generator=gen).to(dtype)
-    x = torch.randn(rows, 16, generator=gen).to(dtype)
+    x = torch.randn(rows, in_features, generator=gen).to(dtype)
     other = torch.randn(rows, 40, generator=gen).to(dtype)
     packed = PackedLinear(weight, bias)
-    native = dtype == torch.float32 and fp32_gemm == "native"
-    assert (packed.packed_weight.shape == (2, 16, 32)) == native, "ours packs 32-column panels"
+    native = ours_packs(dtype, in_features, gemm)
+    panels = (2, in_features, 32)
+    assert (packed.packed_weight.shape == panels) == native, "ours packs 32-column panels"
     plain = F.linear(x.double(), weight.double(), bias.double())
     tol = TOLERANCE[dtype]
     cases = {
@@ -64,33 +75,43 @@ def test_packed_linear_and_its_post_ops_match_torch(
         torch.testing.assert_close(got.double(), expected, atol=tol * 4, rtol=tol, msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("inter", [40, 48])  # 48: groups of 16, so ours runs gate and up as one
-@pytest.mark.parametrize("rows", [7, 70])  # 70: 9 row tiles, so the next-panel prefetch runs
+# 70: fp32 9 row tiles, so the next-panel prefetch runs; 300: AMX 10 row tiles, rows outer
+@pytest.mark.parametrize("rows", [7, 70, 300])
 def test_packed_mlp_equals_swiglu_plus_residual(
-    bias: bool, inter: int, rows: int, fp32_gemm: str
+    dtype: torch.dtype, bias: bool, inter: int, rows: int, gemm: str
 ) -> None:
     torch.manual_seed(inter)
-    gate_up, down = nn.Linear(16, 2 * inter, bias=bias), nn.Linear(inter, 16, bias=bias)
-    x, residual = torch.randn(rows, 16), torch.randn(rows, 16)
+    hidden = 64  # two AMX tiles of K
+    gate_up, down = nn.Linear(hidden, 2 * inter, bias=bias), nn.Linear(inter, hidden, bias=bias)
+    x, residual = torch.randn(rows, hidden), torch.randn(rows, hidden)
     gate, up = gate_up(x).split(inter, dim=-1)
     expected = residual + down(F.silu(gate) * up)
+    gate_up, down = gate_up.to(dtype), down.to(dtype)
     mlp = PackedMLP(gate_up.weight, gate_up.bias, down)
-    one_gemm = fp32_gemm == "native" and inter % 16 == 0
+    one_gemm = ours_packs(dtype, hidden, gemm) and inter % 16 == 0
     assert (mlp.gate_up is not None) == one_gemm and (mlp.gate is None) == one_gemm
-    torch.testing.assert_close(mlp(x, residual), expected, atol=1e-5, rtol=1e-5)
+    got = mlp(x.to(dtype), residual.to(dtype))
+    # bf16: inputs and weights rounded, the hidden rounded once more; sums of 64 terms
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got.double(), expected.double(), atol=tol, rtol=tol)
 
 
-def test_strided_rows_and_silu_far_out_on_both_sides() -> None:
+@pytest.mark.parametrize(("dtype", "in_features"), [(torch.float32, 8), (torch.bfloat16, 32)])
+def test_strided_rows_and_silu_far_out_on_both_sides(dtype: torch.dtype, in_features: int) -> None:
     """x as a column slice (rows strided), and SiLU where exp(-v) overflows or vanishes."""
-    if load_packed_gemm() is None:
-        pytest.skip("no C compiler here: fp32 linears fall back to oneDNN")
-    weight = torch.eye(8) * torch.tensor([-200.0, -90.0, -5.0, -1e-3, 0.0, 1e-3, 5.0, 200.0])
-    wide = torch.ones(3, 12)
-    x = wide[:, 2:10]  # rows 12 floats apart
-    got = PackedLinear(weight, None)(x, activation="swish")
-    expected = F.silu(x.double() @ weight.double().T)
-    torch.testing.assert_close(got.double(), expected, atol=1e-6, rtol=1e-6)
+    if not ours_packs(dtype, in_features, "native"):
+        pytest.skip(f"no native {dtype} GEMM here: linears fall back to oneDNN")
+    weight = torch.zeros(8, in_features)
+    weight[:, :8] = torch.diag(torch.tensor([-200.0, -90.0, -5.0, -1e-3, 0.0, 1e-3, 5.0, 200.0]))
+    wide = torch.ones(3, in_features + 4).to(dtype)
+    x = wide[:, 2 : 2 + in_features]  # rows in_features + 4 apart
+    got = PackedLinear(weight.to(dtype), None)(x, activation="swish")
+    expected = F.silu(x.double() @ weight.to(dtype).double().T)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
 
 
 def test_project_add_fuses_for_packed_and_adds_for_plain() -> None:
@@ -183,3 +204,23 @@ def test_kept_heap_reuses_freed_activation_pages() -> None:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     # Through mmap each round faults all of its 3,328 pages in again (23,296 for 10 here).
     assert faults < 3_328, f"{faults} page faults for 10 reused 13 MiB buffers"
+
+
+def test_without_amx_bf16_linears_stay_on_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    class LibraryWithoutAmx:  # built on a CPU without AMX tiles: cannot exist on this one
+        @staticmethod
+        def pdserve_amx_init() -> int:
+            return -1
+
+    monkeypatch.setattr(packed_gemm, "load_library", lambda *args: LibraryWithoutAmx())
+    packed_gemm.load_amx_gemm.cache_clear()
+    try:
+        assert packed_gemm.load_amx_gemm() is None
+        weight = torch.randn(40, 64).to(torch.bfloat16)
+        packed = PackedLinear(weight, None)
+        assert packed.packed_weight.shape != (2, 64, 32), "oneDNN's layout, not our panels"
+        x = torch.randn(3, 64).to(torch.bfloat16)
+        expected = F.linear(x.double(), weight.double())
+        torch.testing.assert_close(packed(x).double(), expected, atol=8e-2, rtol=2e-2)
+    finally:
+        packed_gemm.load_amx_gemm.cache_clear()  # the next caller loads the real library
