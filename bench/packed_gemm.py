@@ -6,7 +6,8 @@ For each row count, one pass over SmolLM2's layer linears (per layer: qkv 576 ->
 576 -> 576, gate and up 576 -> 1536, down 1536 -> 576; random weights packed once by each
 GEMM), best of ``--repeats`` passes: milliseconds, GFLOP/s and the ratio. Decode steps run
 these on 1-64 rows, prefill chunks on up to the token budget (2,048 by default). Ours is
-``packed_gemm.c`` in fp32 and ``amx_gemm.c`` in bf16.
+``packed_gemm.c`` in fp32 and ``amx_gemm.c`` in bf16. The heap keeps freed memory, as in the
+engine (``engine/host_memory.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from bench.fused_ops import time_per_call_us
+from engine.host_memory import keep_freed_memory
 from engine.model.packed_gemm import PackedGemm, gemm_for
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -44,6 +46,9 @@ def pass_onednn(
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
+    # As the engine's runner does: outputs of thousands of rows are megabytes, and fresh
+    # mmap-ed pages for each would time page faults rather than the GEMMs.
+    keep_freed_memory()
     dtype = DTYPES[args.dtype]
     gemm = gemm_for(dtype)
     if gemm is None:

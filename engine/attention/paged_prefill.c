@@ -27,9 +27,6 @@
 
 #include "../exp_poly.h"
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16v __attribute__((vector_size(64)));
-
 enum { LANES = 16, KEY_TILE = 8, MAX_VECS = 3, STEP_KEYS = 32 };
 
 typedef struct {
@@ -39,34 +36,6 @@ typedef struct {
     int64_t block_stride; /* elements from one block to the next */
     int64_t layer_offset; /* elements from a block's start to this layer's K */
 } Geometry;
-
-static inline v16 splat(float x) { return (v16){0} + x; }
-
-/* Lane i of a where mask lane i is all ones, else of b (C has no vector ?:). */
-static inline v16 select(i16v mask, v16 a, v16 b) {
-    return (v16)(((i16v)a & mask) | ((i16v)b & ~mask));
-}
-
-static inline v16 vmax(v16 a, v16 b) { return select(a > b, a, b); }
-
-/* exp_poly (../exp_poly.h) on a whole vector: the same steps, written with vector types so
- * that they stay vector instructions (lane by lane, the loop ran as 16 scalar calls). */
-static inline v16 vexp(v16 x) {
-    const v16 round = splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
-    x = vmax(splat(-87.0f), select(x > splat(88.0f), splat(88.0f), x));
-    const v16 n = (x * 1.44269504f + round) - round;
-    const v16 r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-    v16 p = splat(1.0f / 5040.0f);
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const i16v scale = (__builtin_convertvector(n, i16v) + 127) << 23;
-    return p * (v16)scale;
-}
 
 /* s[j][g] = sum_d k[j][d] * qt[d][g] for keys j0 .. j0 + nk - 1 (nk <= KEY_TILE) and
  * query vectors g0 .. g0 + NV - 1 of nv_all. */
@@ -152,15 +121,15 @@ static void fold_keys(const Geometry *geo, const float *const *keys, int64_t n, 
         v16 top = w->m[g];
         for (int64_t j = 0; j < n; ++j) {
             v16 *s = &w->s[j * G + g];
-            if (masked) *s = select((int32_t)(first + j) > lane_pos, splat(-FLT_MAX), *s);
-            top = vmax(top, *s);
+            if (masked) *s = select16((int32_t)(first + j) > lane_pos, splat16(-FLT_MAX), *s);
+            top = max16(top, *s);
         }
-        const v16 shrink = vexp(w->m[g] - top);
+        const v16 shrink = exp_poly_v16(w->m[g] - top);
         v16 sum = (v16){0};
         for (int64_t j = 0; j < n; ++j) {
             v16 *s = &w->s[j * G + g];
-            v16 p = vexp(*s - top);
-            if (masked) p = select((int32_t)(first + j) > lane_pos, (v16){0}, p);
+            v16 p = exp_poly_v16(*s - top);
+            if (masked) p = select16((int32_t)(first + j) > lane_pos, (v16){0}, p);
             *s = p;
             sum += p;
         }
@@ -189,7 +158,7 @@ static void run_item(const Geometry *geo, const float *q, int64_t q_stride, int6
             for (int64_t i = 0; i < live; ++i) x[i] = qh[(t0 + i) * q_stride + d] * scale;
             w->qt[d * G + g] = x;
         }
-        w->m[g] = splat(-FLT_MAX);
+        w->m[g] = splat16(-FLT_MAX);
         w->l[g] = (v16){0};
     }
     memset(w->ot, 0, (size_t)(D * G) * sizeof(v16));

@@ -69,11 +69,6 @@ static void configure(int rows0, int rows1) {
     _tile_loadconfig(&cfg);
 }
 
-static inline float bf16_to_float(uint16_t bits) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)bits << 16};
-    return v.f;
-}
-
 typedef struct {
     const uint16_t *bias; /* [n] or NULL */
     const uint16_t *other; /* [rows][n], other_stride apart, for OP_MUL / OP_ADD */
@@ -81,26 +76,44 @@ typedef struct {
     int op;
 } Epilogue;
 
+/* The bf16 values at src whose lanes are set in `live`, widened to float (0 elsewhere). */
+static inline v16 load_bf16(const uint16_t *src, __mmask16 live) {
+    const __m256i bits = _mm256_maskz_loadu_epi16(live, src);
+    return (v16)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+static inline v16 silu(v16 v) { return v / (1.0f + exp_poly_v16(-v)); }
+
 /* One row's 32 sums (+ bias, then the op), rounded to bf16 (nearest even) into y's columns
- * [col, col + count) (half as many for SwiGLU: 16 gate sums, then the matching 16 up). */
-static inline void finish_row(float *v, const Epilogue *ep, int64_t row, int64_t col,
+ * [col, col + count) (half as many for SwiGLU: 16 gate sums, then the matching 16 up).
+ * Vector code throughout: element by element it cost a quarter of a 2,048-row GEMM. */
+static inline void finish_row(const float *acc, const Epilogue *ep, int64_t row, int64_t col,
                               int64_t count, uint16_t *y) {
-    if (ep->bias)
-        for (int64_t j = 0; j < PANEL; ++j) v[j] += bf16_to_float(ep->bias[col + (j < count ? j : 0)]);
-    const uint16_t *other = ep->other ? ep->other + row * ep->other_stride + col : NULL;
-    if (ep->op == OP_SILU)
-        for (int64_t j = 0; j < PANEL; ++j) v[j] = v[j] / (1.0f + exp_poly(-v[j]));
-    else if (ep->op == OP_MUL)
-        for (int64_t j = 0; j < count; ++j) v[j] *= bf16_to_float(other[j]);
-    else if (ep->op == OP_ADD)
-        for (int64_t j = 0; j < count; ++j) v[j] += bf16_to_float(other[j]);
-    else if (ep->op == OP_SWIGLU) {
-        for (int64_t j = 0; j < PANEL / 2; ++j)
-            v[j] = v[j] / (1.0f + exp_poly(-v[j])) * v[j + PANEL / 2];
-        count /= 2;
+    const uint32_t live = (uint32_t)((1ull << count) - 1);
+    const __mmask16 live_lo = (__mmask16)live, live_hi = (__mmask16)(live >> 16);
+    v16 lo = (v16)_mm512_loadu_ps(acc), hi = (v16)_mm512_loadu_ps(acc + 16);
+    if (ep->bias) {
+        lo += load_bf16(ep->bias + col, live_lo);
+        hi += load_bf16(ep->bias + col + 16, live_hi);
     }
-    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(v + 16), _mm512_loadu_ps(v));
-    _mm512_mask_storeu_epi16(y, (__mmask32)((1ull << count) - 1), (__m512i)packed);
+    const uint16_t *other = ep->other ? ep->other + row * ep->other_stride + col : NULL;
+    if (ep->op == OP_SWIGLU) {
+        const __m256bh out = _mm512_cvtneps_pbh((__m512)(silu(lo) * hi));
+        _mm256_mask_storeu_epi16(y, (__mmask16)((1u << (count / 2)) - 1), (__m256i)out);
+        return;
+    }
+    if (ep->op == OP_SILU) {
+        lo = silu(lo);
+        hi = silu(hi);
+    } else if (ep->op == OP_MUL) {
+        lo *= load_bf16(other, live_lo);
+        hi *= load_bf16(other + 16, live_hi);
+    } else if (ep->op == OP_ADD) {
+        lo += load_bf16(other, live_lo);
+        hi += load_bf16(other + 16, live_hi);
+    }
+    const __m512bh out = _mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
+    _mm512_mask_storeu_epi16(y, (__mmask32)live, (__m512i)out);
 }
 
 /* Lines of memory a row tile fetches while it works: `count` lines of the next panel from

@@ -23,8 +23,6 @@
 
 #include "../exp_poly.h"
 
-typedef float v16 __attribute__((vector_size(64)));
-
 enum { PANEL = 32, MAX_ROWS = 8, ROW_BLOCK = 512, PREFETCH_TILES = 16 };
 enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3, OP_SWIGLU = 4 };
 
