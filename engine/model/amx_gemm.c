@@ -6,8 +6,9 @@
  * Built at first use by engine/model/packed_gemm.py when this CPU has AMX (-march=native
  * defines __AMX_BF16__); elsewhere pdserve_amx_init fails and bf16 stays on oneDNN. Why: a
  * decode step runs every linear on 1-64 rows, where oneDNN's packed bf16 GEMM reads the
- * weights at ~11-17 GB/s here; these tiles, fetching the next panel while they work on this
- * one, read them at up to ~27 GB/s (python -m bench.packed_gemm --dtype bf16).
+ * weights at ~13-17 GB/s here; these tiles, fetching the next panel while they work on this
+ * one, read them at up to ~25 GB/s: 1.4x faster at 1-32 rows, level at 64-256, but 0.75-0.83x
+ * at 2,048 (python -m bench.packed_gemm --dtype bf16, 2026-11-23).
  *
  * Layout: W [N][K] becomes panels of 32 output columns, K in pairs (AMX's bf16 B layout):
  *     packed[p][i][j][e] = W[p * 32 + j][2 * i + e]   (zero where p * 32 + j >= N),
