@@ -13,18 +13,16 @@
 #include <math.h>
 #include <stdint.h>
 
+/* exp(r) for |r| <= ln2 / 2 by Horner's rule, for a float r or a vector of them. */
+#define TAYLOR7_EXP(r)                                                                         \
+    ((((((((r) * (1.0f / 5040.0f) + 1.0f / 720.0f) * (r) + 1.0f / 120.0f) * (r) +              \
+         1.0f / 24.0f) * (r) + 1.0f / 6.0f) * (r) + 0.5f) * (r) + 1.0f) * (r) + 1.0f)
+
 static inline float exp_poly(float x) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
     const float n = floorf(x * 1.44269504f + 0.5f);
     const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f; /* ln2 split in two parts */
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    const float p = TAYLOR7_EXP(r);
     union { int32_t i; float f; } scale;
     scale.i = ((int32_t)n + 127) << 23;
     return p * scale.f;
@@ -44,21 +42,15 @@ static inline v16 select16(i16v mask, v16 a, v16 b) {
 
 static inline v16 max16(v16 a, v16 b) { return select16(a > b, a, b); }
 
-/* exp_poly on a whole vector: the same steps, written with vector types so that they stay
- * vector instructions (a loop of exp_poly over 16 lanes ran as 16 scalar calls). */
+/* exp_poly on a whole vector: the same steps (n rounded to nearest even rather than half
+ * up: either keeps |r| <= ln2 / 2), written with vector types so that they stay vector
+ * instructions (a loop of exp_poly over 16 lanes ran as 16 scalar calls). */
 static inline v16 exp_poly_v16(v16 x) {
     const v16 round = splat16(12582912.0f); /* 1.5 * 2^23: adding it rounds to an integer */
     x = max16(splat16(-87.0f), select16(x > splat16(88.0f), splat16(88.0f), x));
     const v16 n = (x * 1.44269504f + round) - round;
     const v16 r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
-    v16 p = splat16(1.0f / 5040.0f);
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    const v16 p = TAYLOR7_EXP(r);
     const i16v scale = (__builtin_convertvector(n, i16v) + 127) << 23;
     return p * (v16)scale;
 }

@@ -6,13 +6,7 @@
  * about twice the bytes the attention itself needs; decode steps are bound by exactly those
  * bytes. Here every K/V row is read once, straight from its block.
  *
- * Pool layout (the project-wide contract):
- *
- *     pool[num_blocks][num_layers][2 (K, V)][block_size][num_kv_heads][head_dim]
- *
- * so K of (block b, layer l, offset o, kv head h) starts at element
- *     ((b * L + l) * 2 + 0) * block_size * KVH * D + (o * KVH + h) * D
- * and V is block_size * KVH * D elements further on.
+ * Pool layout (the project-wide contract): see pool_geometry.h.
  *
  * Work is split over sequences (or (sequence, kv head) pairs when there are under two
  * sequences per thread). One item walks its block table once, prefetching the next block
@@ -29,6 +23,7 @@
 #include <string.h>
 
 #include "../exp_poly.h"
+#include "pool_geometry.h"
 
 enum { PD_FLOAT32 = 0, PD_BFLOAT16 = 1 };
 
@@ -45,14 +40,6 @@ static inline uint16_t f32_to_bf16(float x) {
     v.u += 0x7fffu + ((v.u >> 16) & 1u); /* round to nearest even */
     return (uint16_t)(v.u >> 16);
 }
-
-typedef struct {
-    int64_t num_heads, num_kv_heads, head_dim, block_size;
-    int64_t token_stride;  /* elements from one position to the next inside a block */
-    int64_t kv_stride;     /* elements from K to V of one (block, layer) */
-    int64_t block_stride;  /* elements from one block to the next */
-    int64_t layer_offset;  /* elements from a block's start to this layer's K */
-} Geometry;
 
 /* Fold one block's n scores of a query row into its running softmax: scores become
  * exp(score - m) (the weights of the block's V rows); the max m, the sum l and the weighted
@@ -461,15 +448,8 @@ int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_r
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t num_layers, int64_t block_size, int64_t layer, float scale,
                          int dtype, int num_threads) {
-    Geometry geo;
-    geo.num_heads = num_heads;
-    geo.num_kv_heads = num_kv_heads;
-    geo.head_dim = head_dim;
-    geo.block_size = block_size;
-    geo.token_stride = num_kv_heads * head_dim;
-    geo.kv_stride = block_size * num_kv_heads * head_dim;
-    geo.block_stride = num_layers * 2 * geo.kv_stride;
-    geo.layer_offset = layer * 2 * geo.kv_stride;
+    const Geometry geo =
+        pool_geometry(num_heads, num_kv_heads, head_dim, num_layers, block_size, layer);
     /* Work items are whole sequences (a token row holds all kv heads: read it in one run);
      * with under two sequences per thread, (sequence, kv head) pairs instead, so a few long
      * sequences still spread evenly over the threads. */

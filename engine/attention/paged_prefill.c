@@ -1,6 +1,6 @@
 /* Paged prefill attention on CPU, fp32: a chunk of n query tokens of one sequence, at
  * positions start .. start + n - 1, attends causally to every position up to its own, K/V
- * read in place from the pool (the layout of paged_decode.c).
+ * read in place from the pool (its layout: pool_geometry.h).
  *
  * Built at first use by engine/attention/paged_prefill.py and called through ctypes. Why:
  * torch's CPU flash kernel reaches only 90-120 GFLOP/s of useful (causal) work on fp32
@@ -26,16 +26,10 @@
 #include <string.h>
 
 #include "../exp_poly.h"
+#include "pool_geometry.h"
 
 enum { LANES = 16, KEY_TILE = 8, MAX_VECS = 3, STEP_KEYS = 32 };
 
-typedef struct {
-    int64_t heads, kv_heads, head_dim, block_size;
-    int64_t token_stride; /* elements from one position to the next inside a block */
-    int64_t kv_stride;    /* elements from K to V of one (block, layer) */
-    int64_t block_stride; /* elements from one block to the next */
-    int64_t layer_offset; /* elements from a block's start to this layer's K */
-} Geometry;
 
 /* s[j][g] = sum_d k[j][d] * qt[d][g] for keys j0 .. j0 + nk - 1 (nk <= KEY_TILE) and
  * query vectors g0 .. g0 + NV - 1 of nv_all. */
@@ -106,7 +100,7 @@ typedef struct {
  * pos0 + i. */
 static void fold_keys(const Geometry *geo, const float *const *keys, int64_t n, int64_t first,
                       int64_t pos0, Scratch *w) {
-    const int64_t G = geo->heads / geo->kv_heads, D = geo->head_dim;
+    const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     for (int64_t j0 = 0; j0 < n; j0 += KEY_TILE) {
         const int64_t nk = n - j0 < KEY_TILE ? n - j0 : KEY_TILE;
         for (int64_t g0 = 0; g0 < G; g0 += MAX_VECS) {
@@ -148,7 +142,7 @@ static void fold_keys(const Geometry *geo, const float *const *keys, int64_t n, 
 static void run_item(const Geometry *geo, const float *q, int64_t q_stride, int64_t n,
                      int64_t start, const float *pool, const int32_t *table, int64_t h,
                      int64_t t0, float *out, int64_t out_stride, Scratch *w) {
-    const int64_t G = geo->heads / geo->kv_heads, D = geo->head_dim, BS = geo->block_size;
+    const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim, BS = geo->block_size;
     const int64_t live = n - t0 < LANES ? n - t0 : LANES;
     const float scale = 1.0f / sqrtf((float)D);
     for (int64_t g = 0; g < G; ++g) {
@@ -190,11 +184,7 @@ int pdserve_paged_prefill(const float *q, int64_t q_stride, int64_t n, int64_t s
                           const float *pool, const int32_t *table, float *out, int64_t out_stride,
                           int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t num_layers,
                           int64_t block_size, int64_t layer, int num_threads) {
-    Geometry geo = {heads, kv_heads, head_dim, block_size, 0, 0, 0, 0};
-    geo.token_stride = kv_heads * head_dim;
-    geo.kv_stride = block_size * geo.token_stride;
-    geo.block_stride = num_layers * 2 * geo.kv_stride;
-    geo.layer_offset = layer * 2 * geo.kv_stride;
+    const Geometry geo = pool_geometry(heads, kv_heads, head_dim, num_layers, block_size, layer);
     const int64_t G = heads / kv_heads, items_per_head = (n + LANES - 1) / LANES;
     const int64_t items = items_per_head * kv_heads;
     const size_t floats = (size_t)((2 * head_dim + STEP_KEYS + 3) * G) * LANES;
