@@ -137,6 +137,9 @@ class CpuAttentionBackend:
         for chunk in data.prefills:
             span = slice(chunk.token_start, chunk.token_end)
             if self._prefill_kernel is not None and self._prefill_kernel.handles(q):
+                assert chunk.max_block_id < kv_cache.shape[0], (
+                    f"block {chunk.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
+                )
                 self._prefill_kernel(
                     q[span], kv_cache, chunk.table, chunk.prefix_len, layer_idx, out[span]
                 )

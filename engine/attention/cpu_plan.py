@@ -64,6 +64,7 @@ class PrefillPlan:
     prefix_len: int  # cached positions before the chunk (its start_pos)
     gather_rows: torch.Tensor | None  # [2 * prefix blocks]; None when prefix_len == 0
     table: torch.Tensor  # [blocks up to the chunk's end] int32
+    max_block_id: int  # checked against the pool before the kernel dereferences any id
 
 
 def plan_native_decodes(layout: StepLayout, device: torch.device) -> NativeDecodePlan | None:
@@ -194,6 +195,7 @@ def plan_prefills(
                 prefix_len=start_pos,
                 gather_rows=rows,
                 table=torch.tensor(blocks, dtype=torch.int32, device=device),
+                max_block_id=max(blocks),
             )
         )
     return tuple(plans)

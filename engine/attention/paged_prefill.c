@@ -16,8 +16,9 @@
  *
  * so that every step is a vector FMA with one scalar broadcast: the scores of key j are
  * sum_d K[j][d] * qt[d][g]; the running softmax keeps a max and a sum per lane; the output
- * ot[d][g] += V[j][d] * p[j][g]. A pool block (block_size keys) is one softmax step.
- * Causality is a per-lane mask in the blocks that reach past the item's first token.
+ * ot[d][g] += V[j][d] * p[j][g]. STEP_KEYS keys (any blocks) make one softmax step (16, 32
+ * and 64 measured alike). Causality is a per-lane mask in the steps that reach past the
+ * item's first token.
  * Products and sums are fp32 throughout.
  */
 #include <float.h>
@@ -30,7 +31,6 @@
 
 enum { LANES = 16, KEY_TILE = 8, MAX_VECS = 3, STEP_KEYS = 32 };
 
-
 /* s[j][g] = sum_d k[j][d] * qt[d][g] for keys j0 .. j0 + nk - 1 (nk <= KEY_TILE) and
  * query vectors g0 .. g0 + NV - 1 of nv_all. */
 #define DEFINE_SCORES(NV)                                                                      \
@@ -40,7 +40,7 @@ enum { LANES = 16, KEY_TILE = 8, MAX_VECS = 3, STEP_KEYS = 32 };
         for (int j = 0; j < KEY_TILE; ++j)                                                     \
             for (int g = 0; g < NV; ++g) acc[j][g] = (v16){0};                                 \
         const float *rows[KEY_TILE];                                                           \
-        for (int j = 0; j < KEY_TILE; ++j) rows[j] = keys[j < nk ? j : 0];                \
+        for (int j = 0; j < KEY_TILE; ++j) rows[j] = keys[j < nk ? j : 0];                     \
         for (int64_t d = 0; d < d_len; ++d) {                                                  \
             v16 q[NV];                                                                         \
             for (int g = 0; g < NV; ++g) q[g] = qt[d * nv_all + g0 + g];                       \
@@ -57,7 +57,7 @@ enum { LANES = 16, KEY_TILE = 8, MAX_VECS = 3, STEP_KEYS = 32 };
  * query vectors g0 .. g0 + NV - 1, over nk keys. */
 #define DEFINE_VALUES(NV)                                                                      \
     static void values_##NV(const float *const *keys, int64_t kv, int64_t nk, const v16 *p,    \
-                            int64_t nv_all, int64_t g0, int64_t d0, const v16 *shrink,          \
+                            int64_t nv_all, int64_t g0, int64_t d0, const v16 *shrink,         \
                             v16 *ot) {                                                         \
         v16 acc[8][NV];                                                                        \
         for (int dd = 0; dd < 8; ++dd)                                                         \
@@ -66,7 +66,7 @@ enum { LANES = 16, KEY_TILE = 8, MAX_VECS = 3, STEP_KEYS = 32 };
         for (int64_t j = 0; j < nk; ++j) {                                                     \
             v16 pj[NV];                                                                        \
             for (int g = 0; g < NV; ++g) pj[g] = p[j * nv_all + g0 + g];                       \
-            const float *vj = keys[j] + kv + d0;                                                 \
+            const float *vj = keys[j] + kv + d0;                                               \
             _Pragma("GCC unroll 8") for (int dd = 0; dd < 8; ++dd) {                           \
                 const float x = vj[dd];                                                        \
                 for (int g = 0; g < NV; ++g) acc[dd][g] += x * pj[g];                          \
@@ -90,7 +90,7 @@ typedef void (*ValuesFn)(const float *const *, int64_t, int64_t, const v16 *, in
 static const ScoresFn SCORES[MAX_VECS + 1] = {0, scores_1, scores_2, scores_3};
 static const ValuesFn VALUES[MAX_VECS + 1] = {0, values_1, values_2, values_3};
 
-/* Scratch of one item, G vectors wide: qt and ot [D][G], s [block_size][G], m, l, shrink [G]. */
+/* Scratch of one item, G vectors wide: qt and ot [D][G], s [STEP_KEYS][G], m, l, shrink [G]. */
 typedef struct {
     v16 *qt, *ot, *s, *m, *l, *shrink;
 } Scratch;

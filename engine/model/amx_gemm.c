@@ -188,9 +188,11 @@ static void shape_for(int m, int *shape) {
  *   fetching the thread's next panel into L2, so the weights stream from memory while the
  *   tiles work (the memory is the bound there);
  * - more rows (prefill chunks): row tile by row tile, its rows of x staying in L1 while the
- *   thread's panels come from L2, each step fetching B rows ahead into L1. Panel by panel
- *   there ran 0.74x oneDNN's speed at 2,048 rows (x came from L2 for every tile); row tiles
- *   without the L1 fetch 0.86x; with it 0.94x. */
+ *   thread's panels come from L2, each step fetching B rows ahead into L1 (past a panel's
+ *   end that is the next panel's start, the next one this order takes; a prefetch never
+ *   faults). Still 0.75-0.83x oneDNN's speed at 2,048 rows (python -m bench.packed_gemm
+ *   --dtype bf16); panel by panel there measured no faster (x came from L2 for every tile),
+ *   nor did a contiguous copy of x per row tile. */
 void pdserve_amx_linear(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k,
                         const uint16_t *packed, int64_t n, const uint16_t *bias, int op,
                         const uint16_t *other, int64_t other_stride, uint16_t *y,
