@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.model.loader import load_model
 from engine.worker_state import LoadedModel
 
 NEW_TOKENS = 64
@@ -155,3 +156,21 @@ def _first_diff(a: list[int], b: list[int]) -> int:
     return next(
         (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
     )
+
+
+@pytest.fixture(scope="module")
+def loaded_bf16(default_model_source: Any, smollm2_tokenizer: Any) -> LoadedModel:
+    weights = load_model(default_model_source, dtype=torch.bfloat16, show_progress=False)
+    return LoadedModel(default_model_source, weights, smollm2_tokenizer, "bfloat16")
+
+
+def test_bf16_greedy_is_the_same_alone_and_in_a_batch(
+    loaded_bf16: LoadedModel, prompt_ids: list[list[int]]
+) -> None:
+    """bf16 takes other kernels (the AMX GEMM where the CPU has AMX, the decode kernel's bf16
+    loads, torch's flash kernel for prefill): each row and each sequence is still computed
+    on its own, so the batch it runs in changes no token."""
+    together, _ = run(loaded_bf16, prompt_ids, dtype="bfloat16")
+    alone, _ = run(loaded_bf16, prompt_ids, dtype="bfloat16", max_num_seqs=1)
+    assert together == alone
+    assert all(len(t) == NEW_TOKENS for t in together)

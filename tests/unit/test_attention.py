@@ -109,6 +109,29 @@ def test_matches_dense_reference(backend_name: str, batch: str) -> None:
         torch.testing.assert_close(out, dense_reference(case), atol=1e-5, rtol=1e-5)
 
 
+def with_dtype(case: Case, dtype: torch.dtype) -> Case:
+    return Case(
+        case.chunks,
+        [k.to(dtype) for k in case.full_k],
+        [v.to(dtype) for v in case.full_v],
+        case.q.to(dtype),
+        case.pool.to(dtype),
+    )
+
+
+@pytest.mark.parametrize("backend_name", ["cpu-native", "cpu-grouped"])
+@pytest.mark.parametrize("batch", sorted(MIXED_BATCHES))
+def test_bf16_matches_dense_reference(backend_name: str, batch: str) -> None:
+    # bf16 takes its own paths: the decode kernel's bf16 loads, torch's flash kernel for
+    # prefill chunks (the native prefill kernel is fp32 only).
+    case = with_dtype(make_case(MIXED_BATCHES[batch], seed=5), torch.bfloat16)
+    write_cached_prefix(case, layer=1)
+    out = run_backend(BACKENDS[backend_name](), case, layer=1)
+    assert out.dtype == torch.bfloat16
+    expected = dense_reference(with_dtype(case, torch.float32))  # the same rounded inputs
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))
 def test_new_kv_lands_in_its_slots_and_layer_only(backend_name: str) -> None:
     case = make_case(MIXED_BATCHES["decodes_first"], seed=7)
