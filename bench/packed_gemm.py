@@ -18,11 +18,10 @@ from collections.abc import Sequence
 
 import torch
 
+from bench.baselines_hf import TORCH_DTYPES
 from bench.fused_ops import time_per_call_us
 from engine.host_memory import keep_freed_memory
 from engine.model.packed_gemm import PackedGemm, gemm_for
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 LAYER_SHAPES = ((576, 960), (576, 576), (576, 1536), (576, 1536), (1536, 576))  # (in, out)
 
@@ -49,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # As the engine's runner does: outputs of thousands of rows are megabytes, and fresh
     # mmap-ed pages for each would time page faults rather than the GEMMs.
     keep_freed_memory()
-    dtype = DTYPES[args.dtype]
+    dtype = TORCH_DTYPES[args.dtype]
     gemm = gemm_for(dtype)
     if gemm is None:
         raise SystemExit(f"no {args.dtype} packed GEMM here (see the warning or note above)")
@@ -78,7 +77,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rows", type=lambda s: [int(n) for n in s.split(",")], default=[1, 16, 64, 2048]
     )
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--dtype", choices=sorted(TORCH_DTYPES), default="fp32")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5)
     return parser.parse_args(argv)

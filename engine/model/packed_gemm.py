@@ -28,7 +28,6 @@ CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-trapping-math")
 PANEL = 32  # output columns per packed panel (the C side's PANEL)
 OPS = {"none": 0, "swish": 1, "mul": 2, "add": 3, "swiglu": 4}
 SWIGLU_GROUP = PANEL // 2  # gate rows, then as many up rows, in each panel of a SwiGLU weight
-AMX_K_STEP = 32  # the AMX GEMM takes in_features in whole tiles of 32
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _LINEAR_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
     _PTR, _I64, _I64, _I64,  # x, x_stride, rows, k
@@ -41,8 +40,11 @@ class PackedGemm:
     """Packs weights of one dtype and runs ``op(x @ W.T + bias, other)`` on them (see the C
     files); every tensor it takes is of that dtype."""
 
-    def __init__(self, library: ctypes.CDLL, dtype: torch.dtype, pack: str, linear: str) -> None:
+    def __init__(
+        self, library: ctypes.CDLL, dtype: torch.dtype, pack: str, linear: str, k_multiple: int
+    ) -> None:
         self.dtype = dtype
+        self._k_multiple = k_multiple  # in_features it takes are multiples of this
         self._pack = getattr(library, pack)
         self._pack.argtypes = [_PTR, _I64, _I64, _I64, _PTR]
         self._pack.restype = None
@@ -51,8 +53,8 @@ class PackedGemm:
         self._linear.restype = None
 
     def handles(self, in_features: int) -> bool:
-        """Whether it takes weights with this many inputs (AMX: whole tiles of K)."""
-        return self.dtype == torch.float32 or in_features % AMX_K_STEP == 0
+        """Whether it takes weights with this many inputs (AMX: whole tiles of 32 in K)."""
+        return in_features % self._k_multiple == 0
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """``weight: [out, in]`` -> its panels, ``[ceil(out / 32), in, 32]`` elements (in bf16,
@@ -131,7 +133,7 @@ def load_packed_gemm() -> PackedGemm | None:
     library = load_library(SOURCE, CFLAGS, "native fp32 GEMM")
     if library is None:
         return None
-    return PackedGemm(library, torch.float32, "pdserve_pack_weight", "pdserve_linear")
+    return PackedGemm(library, torch.float32, "pdserve_pack_weight", "pdserve_linear", 1)
 
 
 @functools.cache
@@ -145,4 +147,5 @@ def load_amx_gemm() -> PackedGemm | None:
     if library.pdserve_amx_init() != 0:
         log.info("no AMX tiles on this CPU (or not granted): bf16 linears stay on oneDNN")
         return None
-    return PackedGemm(library, torch.bfloat16, "pdserve_amx_pack", "pdserve_amx_linear")
+    # A tile row is 32 bf16 values of K (amx_gemm.c's KSTEP).
+    return PackedGemm(library, torch.bfloat16, "pdserve_amx_pack", "pdserve_amx_linear", 32)
