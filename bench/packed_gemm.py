@@ -6,8 +6,8 @@ For each row count, one pass over SmolLM2's layer linears (per layer: qkv 576 ->
 576 -> 576, gate and up 576 -> 1536, down 1536 -> 576; random weights packed once by each
 GEMM), best of ``--repeats`` passes: milliseconds, GFLOP/s and the ratio. Decode steps run
 these on 1-64 rows, prefill chunks on up to the token budget (2,048 by default). Ours is
-``packed_gemm.c`` in fp32 and ``amx_gemm.c`` in bf16. The heap keeps freed memory, as in the
-engine (``engine/host_memory.py``).
+``packed_gemm.c`` in fp32; in bf16 ``amx_gemm.c`` (AMX) or ``avx512_bf16_gemm.c`` (AVX-512
+BF16 without AMX). The heap keeps freed memory, as in the engine (``engine/host_memory.py``).
 """
 
 from __future__ import annotations

@@ -10,20 +10,17 @@
  * one, read them at up to ~25 GB/s: 1.4x faster at 1-32 rows, level at 64-256, but 0.75-0.83x
  * at 2,048 (python -m bench.packed_gemm --dtype bf16, 2026-11-23).
  *
- * Layout: W [N][K] becomes panels of 32 output columns, K in pairs (AMX's bf16 B layout):
- *     packed[p][i][j][e] = W[p * 32 + j][2 * i + e]   (zero where p * 32 + j >= N),
- * so a panel is K / 2 rows of 128 bytes, and 16 of them (32 values of K) make the two B
- * tiles of one k step. K must be a multiple of 32 (the caller checks).
+ * Layout: bf16_panels.h's (shared with avx512_bf16_gemm.c); 16 of a panel's rows (32 values
+ * of K) make the two B tiles of one k step. K must be a multiple of 32 (the caller checks).
  *
  * Tiles: C 0-3 (2 x 2 blocks of 16 x 16 fp32: 32 rows of x by the panel's 32 columns),
  * A 4-5 (16 rows of x by 32 values of K each), B 6-7 (the panel's two halves).
  */
+#define _DEFAULT_SOURCE /* syscall() under -std=c11 */
 #include <stdint.h>
 #include <string.h>
 
-#include "../exp_poly.h"
-
-enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3, OP_SWIGLU = 4 };
+#include "bf16_panels.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -31,25 +28,12 @@ enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3, OP_SWIGLU = 4 };
 #include <sys/syscall.h>
 #include <unistd.h>
 
-enum { PANEL = 32, KSTEP = 32, TILE_ROWS = 32, PREFETCH_TILES = 8 };
+enum { KSTEP = 32, TILE_ROWS = 32, PREFETCH_TILES = 8 };
 enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
 
 /* Ask the kernel for the AMX tile state (once per process, any thread). 0 when granted. */
 int pdserve_amx_init(void) {
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : -1;
-}
-
-void pdserve_amx_pack(const uint16_t *w, int64_t w_stride, int64_t n, int64_t k,
-                      uint16_t *packed) {
-    const int64_t panels = (n + PANEL - 1) / PANEL;
-    for (int64_t p = 0; p < panels; ++p)
-        for (int64_t i = 0; i < k / 2; ++i)
-            for (int64_t j = 0; j < PANEL; ++j) {
-                const int64_t col = p * PANEL + j;
-                uint16_t *dst = packed + ((p * (k / 2) + i) * PANEL + j) * 2;
-                dst[0] = col < n ? w[col * w_stride + 2 * i] : 0;
-                dst[1] = col < n ? w[col * w_stride + 2 * i + 1] : 0;
-            }
 }
 
 typedef struct {
@@ -68,53 +52,6 @@ static void configure(int rows0, int rows1) {
     cfg.rows[6] = cfg.rows[7] = 16;
     for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64;
     _tile_loadconfig(&cfg);
-}
-
-typedef struct {
-    const uint16_t *bias; /* [n] or NULL */
-    const uint16_t *other; /* [rows][n], other_stride apart, for OP_MUL / OP_ADD */
-    int64_t other_stride;
-    int op;
-} Epilogue;
-
-/* The bf16 values at src whose lanes are set in `live`, widened to float (0 elsewhere). */
-static inline v16 load_bf16(const uint16_t *src, __mmask16 live) {
-    const __m256i bits = _mm256_maskz_loadu_epi16(live, src);
-    return (v16)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-static inline v16 silu(v16 v) { return v / (1.0f + exp_poly_v16(-v)); }
-
-/* One row's 32 sums (+ bias, then the op), rounded to bf16 (nearest even) into y's columns
- * [col, col + count) (half as many for SwiGLU: 16 gate sums, then the matching 16 up).
- * Vector code throughout: element by element it cost a quarter of a 2,048-row GEMM. */
-static inline void finish_row(const float *acc, const Epilogue *ep, int64_t row, int64_t col,
-                              int64_t count, uint16_t *y) {
-    const uint32_t live = (uint32_t)((1ull << count) - 1);
-    const __mmask16 live_lo = (__mmask16)live, live_hi = (__mmask16)(live >> 16);
-    v16 lo = (v16)_mm512_loadu_ps(acc), hi = (v16)_mm512_loadu_ps(acc + 16);
-    if (ep->bias) {
-        lo += load_bf16(ep->bias + col, live_lo);
-        hi += load_bf16(ep->bias + col + 16, live_hi);
-    }
-    const uint16_t *other = ep->other ? ep->other + row * ep->other_stride + col : NULL;
-    if (ep->op == OP_SWIGLU) {
-        const __m256bh out = _mm512_cvtneps_pbh((__m512)(silu(lo) * hi));
-        _mm256_mask_storeu_epi16(y, (__mmask16)((1u << (count / 2)) - 1), (__m256i)out);
-        return;
-    }
-    if (ep->op == OP_SILU) {
-        lo = silu(lo);
-        hi = silu(hi);
-    } else if (ep->op == OP_MUL) {
-        lo *= load_bf16(other, live_lo);
-        hi *= load_bf16(other + 16, live_hi);
-    } else if (ep->op == OP_ADD) {
-        lo += load_bf16(other, live_lo);
-        hi += load_bf16(other + 16, live_hi);
-    }
-    const __m512bh out = _mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
-    _mm512_mask_storeu_epi16(y, (__mmask32)live, (__m512i)out);
 }
 
 /* Lines of memory a row tile fetches while it works: `count` lines of the next panel from
@@ -167,8 +104,11 @@ static void row_tile(const uint16_t *x, int64_t x_stride, int64_t r, int m, int6
         _tile_stored(3, buf + 16 * PANEL + 16, PANEL * 4);
     }
     const int64_t y_col = ep->op == OP_SWIGLU ? col / 2 : col;
-    for (int i = 0; i < m; ++i)
-        finish_row(buf + i * PANEL, ep, r + i, col, n_count, y + (r + i) * y_stride + y_col);
+    for (int i = 0; i < m; ++i) {
+        const float *sums = buf + i * PANEL;
+        finish_row((v16)_mm512_loadu_ps(sums), (v16)_mm512_loadu_ps(sums + 16), ep, r + i, col,
+                   n_count, y + (r + i) * y_stride + y_col);
+    }
 }
 
 /* Sets the tile shapes for m rows unless they are set already. */

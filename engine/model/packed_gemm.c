@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "../exp_poly.h"
+#include "panel_prefetch.h"
 
 enum { PANEL = 32, MAX_ROWS = 8, ROW_BLOCK = 512, PREFETCH_TILES = 16 };
 enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3, OP_SWIGLU = 4 };
@@ -96,13 +97,6 @@ static inline void finish_row(v16 lo, v16 hi, const Epilogue *ep, int64_t row, i
     store_part(y + 16, hi, count - 16);
 }
 
-/* Lines of the next panel one tile prefetches into L2: `count` lines from `first`, one every
- * `every` steps of its k loop (see next_panel_share). */
-typedef struct {
-    const char *first;
-    int64_t count, every;
-} NextPanel;
-
 /* One k step of a tile: the panel's row i (prefetching 1 KB ahead) times x's column i. */
 #define TILE_STEP(MR)                                                                          \
     do {                                                                                       \
@@ -149,24 +143,6 @@ typedef void (*TileFn)(const float *, int64_t, const float *, int64_t, const Nex
 static const TileFn TILES[MAX_ROWS + 1] = {0,      tile_1, tile_2, tile_3, tile_4,
                                            tile_5, tile_6, tile_7, tile_8};
 
-/* Tile `tile` of `tiles` over panel p: its share of prefetching panel p + 1 into L2.
- *
- * The first tile of a panel reads the panel from memory; the others read it from L2 while the
- * memory idles, so a GEMM on a few rows took the weights' read time plus their arithmetic.
- * Now those other tiles fetch the next panel, one line every few k steps (bursts of
- * prefetches stall on the core's few fill buffers): 64 rows 15% faster, 32 and 16 rows 4-5%
- * (python -m bench.packed_gemm, 2026-11-23). Only up to PREFETCH_TILES tiles (128 rows):
- * beyond, the read is small against the arithmetic and 2,048 rows measured no gain. */
-static NextPanel next_panel_share(const float *packed, int64_t panels, int64_t p, int64_t k,
-                                  int64_t tile, int64_t tiles) {
-    const int64_t lines = k * PANEL * (int64_t)sizeof(float) / 64;
-    if (tile == 0 || tiles > PREFETCH_TILES || p + 1 >= panels) return (NextPanel){0, 0, k};
-    const int64_t every = (tiles - 1) / 2 > 1 ? (tiles - 1) / 2 : 1; /* 2k lines, k steps each */
-    const int64_t share = (k + every - 1) / every, first = (tile - 1) * share;
-    const int64_t count = first >= lines ? 0 : (lines - first < share ? lines - first : share);
-    return (NextPanel){(const char *)(packed + (p + 1) * k * PANEL) + first * 64, count, every};
-}
-
 /* y[rows][n] (y_stride apart) = op(x[rows][k] (x_stride apart) W^T + bias, other).
  * OP_SWIGLU: W's rows alternate 16 gate rows and the matching 16 up rows (n a multiple of
  * 32), and y gets n / 2 columns, silu(gate) * up: the MLP's two GEMMs in one, without
@@ -184,8 +160,11 @@ void pdserve_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
             const int64_t col = p * PANEL, count = n - col < PANEL ? n - col : PANEL;
             for (int64_t r = r0; r < r1; r += MAX_ROWS) {
                 const int64_t mr = r1 - r < MAX_ROWS ? r1 - r : MAX_ROWS;
-                const NextPanel next = next_panel_share(packed, panels, p, k, (r - r0) / MAX_ROWS,
-                                                        (r1 - r0 + MAX_ROWS - 1) / MAX_ROWS);
+                const char *next_panel =
+                    p + 1 < panels ? (const char *)(packed + (p + 1) * k * PANEL) : NULL;
+                const NextPanel next =
+                    next_panel_share(next_panel, k, (r - r0) / MAX_ROWS,
+                                     (r1 - r0 + MAX_ROWS - 1) / MAX_ROWS, PREFETCH_TILES);
                 const int64_t y_col = op == OP_SWIGLU ? col / 2 : col;
                 TILES[mr](x + r * x_stride, x_stride, packed + p * k * PANEL, k, &next, &ep, r,
                           col, count, y + r * y_stride + y_col, y_stride);

@@ -1,8 +1,9 @@
 """Linears against a weight packed once, built at first use and called via ctypes: fp32 on
-``packed_gemm.c``, bf16 on AMX tiles with ``amx_gemm.c`` (the same ops and arguments).
+``packed_gemm.c``; bf16 on AMX tiles with ``amx_gemm.c`` or, on CPUs without AMX, on AVX-512
+BF16 vectors with ``avx512_bf16_gemm.c`` (the same ops, arguments and bf16 layout).
 
 :class:`engine.model.packed_linear.PackedLinear` uses them when they load, and oneDNN
-otherwise (no C compiler, or bf16 on a CPU without AMX: the reason is logged once). See the
+otherwise (no C compiler, or bf16 on a CPU with neither: the reason is logged once). See the
 C files for the layouts and the measured speed.
 """
 
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("packed_gemm.c")
 AMX_SOURCE = Path(__file__).with_name("amx_gemm.c")
+AVX512_BF16_SOURCE = Path(__file__).with_name("avx512_bf16_gemm.c")
 # FMA contraction: the accumulation is one multiply-add per weight, as in any BLAS; no
 # trapping math lets the epilogue's floorf vectorize (no effect on results).
 CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-trapping-math")
@@ -53,7 +55,8 @@ class PackedGemm:
         self._linear.restype = None
 
     def handles(self, in_features: int) -> bool:
-        """Whether it takes weights with this many inputs (AMX: whole tiles of 32 in K)."""
+        """Whether it takes weights with this many inputs (bf16: pairs of K; AMX: whole tiles
+        of 32)."""
         return in_features % self._k_multiple == 0
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
@@ -124,7 +127,9 @@ def gemm_for(dtype: torch.dtype) -> PackedGemm | None:
     """Our GEMM for weights of ``dtype``, or None (oneDNN's, the reason logged once)."""
     if dtype == torch.float32:
         return load_packed_gemm()
-    return load_amx_gemm() if dtype == torch.bfloat16 else None
+    if dtype != torch.bfloat16:
+        return None
+    return load_amx_gemm() or load_avx512_bf16_gemm()
 
 
 @functools.cache
@@ -140,12 +145,28 @@ def load_packed_gemm() -> PackedGemm | None:
 def load_amx_gemm() -> PackedGemm | None:
     """The bf16 AMX GEMM, building it on first use; None (reason logged) when it cannot be
     built or this CPU (or kernel) offers no AMX."""
-    library = load_library(AMX_SOURCE, CFLAGS, "native bf16 AMX GEMM")
+    # A tile row is 32 bf16 values of K (amx_gemm.c's KSTEP).
+    return _load_bf16_gemm(AMX_SOURCE, "amx", "AMX tiles (or not granted)", k_multiple=32)
+
+
+@functools.cache
+def load_avx512_bf16_gemm() -> PackedGemm | None:
+    """The bf16 GEMM on AVX-512 BF16 vectors, building it on first use; None (reason logged)
+    when it cannot be built or this CPU has no AVX-512 BF16."""
+    # vdpbf16ps takes K in pairs (bf16_panels.h).
+    return _load_bf16_gemm(AVX512_BF16_SOURCE, "avx512_bf16", "AVX-512 BF16", k_multiple=2)
+
+
+def _load_bf16_gemm(source: Path, name: str, feature: str, k_multiple: int) -> PackedGemm | None:
+    """A bf16 GEMM exporting ``pdserve_{name}_init`` (0 when this CPU runs it) and
+    ``pdserve_{name}_linear``, with bf16_panels.h's packing."""
+    library = load_library(source, CFLAGS, f"native bf16 GEMM {source.name}")
     if library is None:
         return None
-    library.pdserve_amx_init.restype = ctypes.c_int
-    if library.pdserve_amx_init() != 0:
-        log.info("no AMX tiles on this CPU (or not granted): bf16 linears stay on oneDNN")
+    init = getattr(library, f"pdserve_{name}_init")
+    init.restype = ctypes.c_int
+    if init() != 0:
+        log.info("no %s on this CPU: %s is not used", feature, source.name)
         return None
-    # A tile row is 32 bf16 values of K (amx_gemm.c's KSTEP).
-    return PackedGemm(library, torch.bfloat16, "pdserve_amx_pack", "pdserve_amx_linear", 32)
+    linear = f"pdserve_{name}_linear"
+    return PackedGemm(library, torch.bfloat16, "pdserve_bf16_pack", linear, k_multiple)

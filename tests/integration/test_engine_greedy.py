@@ -168,14 +168,14 @@ def loaded_bf16(default_model_source: Any, smollm2_tokenizer: Any) -> LoadedMode
 def test_bf16_greedy_is_the_same_alone_and_in_a_batch(
     loaded_bf16: LoadedModel, prompt_ids: list[list[int]]
 ) -> None:
-    """bf16 takes other kernels (the AMX GEMM where the CPU has AMX, the decode kernel's bf16
+    """bf16 takes other kernels (our AMX or AVX-512 BF16 GEMM, the decode kernel's bf16
     loads, torch's flash kernel for prefill): each row and each sequence is still computed
-    on its own, so the batch it runs in changes no token. Without AMX the linears are
-    oneDNN's, whose bf16 kernels block by row count: the rounding, so a token, may then
-    depend on the batch, and only the run itself is checked."""
+    on its own, so the batch it runs in changes no token. On a CPU with neither AMX nor
+    AVX-512 BF16 the linears are oneDNN's, whose bf16 kernels block by row count: the
+    rounding, so a token, may then depend on the batch, and only the run itself is checked."""
     together, _ = run(loaded_bf16, prompt_ids, dtype="bfloat16")
     assert all(len(t) == NEW_TOKENS for t in together)
     if gemm_for(torch.bfloat16) is None:
-        pytest.skip("no AMX here: bf16 linears are oneDNN's, not batch-invariant")
+        pytest.skip("no AMX or AVX-512 BF16 here: bf16 linears are oneDNN's, not batch-invariant")
     alone, _ = run(loaded_bf16, prompt_ids, dtype="bfloat16", max_num_seqs=1)
     assert together == alone

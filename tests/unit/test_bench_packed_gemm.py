@@ -14,7 +14,9 @@ def test_prints_onednn_and_our_times_side_by_side(
     dtype: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     if gemm_for(TORCH_DTYPES[dtype]) is None:
-        pytest.skip(f"no {dtype} packed GEMM here (no C compiler, or bf16 without AMX)")
+        pytest.skip(
+            f"no {dtype} packed GEMM here (no C compiler, or bf16 without AMX or AVX-512 BF16)"
+        )
     bench.main(["--dtype", dtype, "--rows", "1,9", "--layers", "1", "--repeats", "1"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:-1]]
     assert [r[0] for r in rows] == ["1", "9"]

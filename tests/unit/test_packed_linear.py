@@ -1,6 +1,6 @@
-"""Packed linears (our fp32 GEMM, our bf16 AMX GEMM, oneDNN's) and the fused MLP against
-plain torch ops; packing a model in place; the KV pool on huge pages; the heap that keeps
-freed activations."""
+"""Packed linears (our fp32 GEMM, our bf16 AMX or AVX-512 BF16 GEMM, oneDNN's) and the fused
+MLP against plain torch ops; packing a model in place; the KV pool on huge pages; the heap
+that keeps freed activations."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 @pytest.fixture(params=["native", "onednn"])
 def gemm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which GEMMs pack weights: ours (packed_gemm.c for fp32, amx_gemm.c for bf16 where
-    this CPU has AMX), or oneDNN as when ours cannot be built."""
+    """Which GEMMs pack weights: ours (packed_gemm.c for fp32; for bf16 amx_gemm.c where
+    this CPU has AMX, else avx512_bf16_gemm.c where it has AVX-512 BF16), or oneDNN as when
+    ours cannot be built."""
     if request.param == "onednn":
         monkeypatch.setattr(packed_linear, "gemm_for", lambda dtype: None)
     elif load_packed_gemm() is None:
@@ -40,14 +41,17 @@ def gemm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
 
 
 def ours_packs(dtype: torch.dtype, in_features: int, gemm: str) -> bool:
-    """Whether one of our GEMMs takes this weight (bf16: only with AMX, K in tiles of 32)."""
+    """Whether one of our GEMMs takes this weight (bf16: AMX takes K in tiles of 32, AVX-512
+    BF16 in pairs)."""
     ours = gemm_for(dtype)
     return gemm == "native" and ours is not None and ours.handles(in_features)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("in_features", [16, 64])  # AMX takes 64 (two tiles of K), not 16
-# 1100: fp32 three row blocks; AMX 35 row tiles, rows outer; 20: an AMX tile of 16 + 4 rows
+# AMX takes 64 (two tiles of K), not 16; AVX-512 BF16 both, not 15 (K in pairs)
+@pytest.mark.parametrize("in_features", [15, 16, 64])
+# 1100: fp32 and AVX-512 BF16 three row blocks; AMX 35 row tiles, rows outer; 20: an AMX tile
+# of 16 + 4 rows, an AVX-512 BF16 one of 12 + 8
 @pytest.mark.parametrize("rows", [1, 5, 20, 64, 1100])
 def test_packed_linear_and_its_post_ops_match_torch(
     dtype: torch.dtype, in_features: int, rows: int, gemm: str
@@ -206,16 +210,24 @@ def test_kept_heap_reuses_freed_activation_pages() -> None:
     assert faults < 3_328, f"{faults} page faults for 10 reused 13 MiB buffers"
 
 
-def test_without_amx_bf16_linears_stay_on_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
-    class LibraryWithoutAmx:  # built on a CPU without AMX tiles: cannot exist on this one
+def test_without_amx_or_avx512_bf16_linears_stay_on_onednn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class LibraryWithoutBf16:  # built on a CPU with neither: cannot exist on this one
         @staticmethod
         def pdserve_amx_init() -> int:
             return -1
 
-    monkeypatch.setattr(packed_gemm, "load_library", lambda *args: LibraryWithoutAmx())
-    packed_gemm.load_amx_gemm.cache_clear()
+        @staticmethod
+        def pdserve_avx512_bf16_init() -> int:
+            return -1
+
+    monkeypatch.setattr(packed_gemm, "load_library", lambda *args: LibraryWithoutBf16())
+    bf16_loaders = (packed_gemm.load_amx_gemm, packed_gemm.load_avx512_bf16_gemm)
+    for loader in bf16_loaders:
+        loader.cache_clear()
     try:
-        assert packed_gemm.load_amx_gemm() is None
+        assert gemm_for(torch.bfloat16) is None
         weight = torch.randn(40, 64).to(torch.bfloat16)
         packed = PackedLinear(weight, None)
         assert packed.packed_weight.shape != (2, 64, 32), "oneDNN's layout, not our panels"
@@ -223,4 +235,5 @@ def test_without_amx_bf16_linears_stay_on_onednn(monkeypatch: pytest.MonkeyPatch
         expected = F.linear(x.double(), weight.double())
         torch.testing.assert_close(packed(x).double(), expected, atol=8e-2, rtol=2e-2)
     finally:
-        packed_gemm.load_amx_gemm.cache_clear()  # the next caller loads the real library
+        for loader in bf16_loaders:
+            loader.cache_clear()  # the next caller loads the real library
