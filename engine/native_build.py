@@ -12,6 +12,7 @@ path.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -83,10 +84,17 @@ def _compile(compiler: str, source: Path, cflags: tuple[str, ...], output: str) 
 
 def _cpu_identity() -> bytes:
     """What ``-march=native`` depends on: the machine and its CPU feature flags."""
-    flags = ""
+    flags = " ".join(sorted(cpu_flags())) or platform.processor()
+    return f"{platform.machine()}|{flags}".encode()
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux names them (``avx512_bf16``, ``amx_bf16``, ...);
+    empty where /proc/cpuinfo cannot be read."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
+            line = next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        flags = platform.processor()
-    return f"{platform.machine()}|{flags}".encode()
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())

@@ -14,7 +14,7 @@ Decode tokens (one-token chunks) take one of these strategies:
 
 * ``native``: the C kernel of ``paged_decode.c`` reads each K/V row once, in place in the pool
   (no gather, no padding); the default when it builds (``engine/attention/native.py``). With
-  it, fp32 prefill chunks run on the C kernel of ``paged_prefill.c``, also in place;
+  it, prefill chunks run on the C kernel of ``paged_prefill.c``, also in place;
 * ``grouped``: length-sorted groups of at most ``group_tokens`` gathered key positions, one
   gather and one SDPA call per group, so a group's gather buffer is still in cache when SDPA
   reads it (the best pure-torch strategy measured);
@@ -24,11 +24,12 @@ Decode tokens (one-token chunks) take one of these strategies:
 Gathers write into one reused scratch buffer: a fresh multi-megabyte tensor per layer costs
 more in page faults than the copy itself.
 
-Chunks of several tokens (prefill) run per sequence: in fp32 with ``native``, on the kernel of
-``paged_prefill.c`` (``engine/attention/paged_prefill.py``); otherwise with torch's flash
-kernel, where a chunk starting at position 0 attends to its own fresh K/V with ``is_causal``
-(no gather) and a later chunk gathers only the cached prefix and merges two unmasked calls
-(``cpu_prefill.py``). bf16 keeps torch's kernel: it runs on AMX, faster than fp32 arithmetic.
+Chunks of several tokens (prefill) run per sequence: with ``native``, on the kernel of
+``paged_prefill.c`` (``engine/attention/paged_prefill.py``) in fp32, and in bf16 where the CPU
+has no AMX; otherwise with torch's flash kernel, where a chunk starting at position 0 attends
+to its own fresh K/V with ``is_causal`` (no gather) and a later chunk gathers only the cached
+prefix and merges two unmasked calls (``cpu_prefill.py``). With AMX, bf16 keeps torch's
+kernel: it runs bf16 on AMX tiles, faster than our kernel's fp32 arithmetic.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class CpuAttentionBackend:
                 out.index_copy_(0, decode.token_rows, decoded)
         for chunk in data.prefills:
             span = slice(chunk.token_start, chunk.token_end)
-            if self._prefill_kernel is not None and self._prefill_kernel.handles(q):
+            if self._prefill_kernel is not None and self._prefill_kernel.preferred_for(q):
                 assert chunk.max_block_id < kv_cache.shape[0], (
                     f"block {chunk.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
                 )

@@ -1,4 +1,4 @@
-/* Paged prefill attention on CPU, fp32: a chunk of n query tokens of one sequence, at
+/* Paged prefill attention on CPU, fp32 or bf16: a chunk of n query tokens of one sequence, at
  * positions start .. start + n - 1, attends causally to every position up to its own, K/V
  * read in place from the pool (its layout: pool_geometry.h).
  *
@@ -7,7 +7,11 @@
  * chunks of 128-512 tokens here, and a chunk after a cached prefix first needs a gather of
  * that prefix plus a second call and a merge (cpu_prefill.py). This kernel: 1.5-1.8x faster
  * at 128-512 tokens, 1.1-1.4x at 1,024-2,048 and after a 1,024-token prefix, ~230 GFLOP/s
- * at best on two threads (python -m bench.prefill_attention, 2026-11-23).
+ * at best on two threads (python -m bench.prefill_attention, 2026-11-23). In bf16 (q, the pool
+ * and out in bf16) the arithmetic is the same fp32: each step's keys are widened into a
+ * small fp32 buffer first, and each output is rounded to bf16 once; on a CPU without AMX,
+ * where torch's bf16 flash kernel runs no faster than its fp32 one, that is 1.1-2.0x faster
+ * than torch's (python -m bench.prefill_attention --dtype bf16, Zen 4, 2026-11-26).
  *
  * Work items are (kv head, 16 query tokens). An item's query rows are its G = H / KVH query
  * heads times its 16 tokens, held transposed, tokens in the 16 lanes of a vector:
@@ -90,16 +94,35 @@ typedef void (*ValuesFn)(const float *const *, int64_t, int64_t, const v16 *, in
 static const ScoresFn SCORES[MAX_VECS + 1] = {0, scores_1, scores_2, scores_3};
 static const ValuesFn VALUES[MAX_VECS + 1] = {0, values_1, values_2, values_3};
 
-/* Scratch of one item, G vectors wide: qt and ot [D][G], s [STEP_KEYS][G], m, l, shrink [G]. */
+/* Scratch of one item, G vectors wide: qt and ot [D][G], s [STEP_KEYS][G], m, l, shrink [G];
+ * and for a bf16 pool one step's keys widened, [STEP_KEYS][K then V][D] floats. */
 typedef struct {
     v16 *qt, *ot, *s, *m, *l, *shrink;
+    float *widened;
 } Scratch;
 
-/* Fold n keys (positions first .. first + n - 1, K rows at keys[j], V kv_stride further)
+/* The element i of a tensor of fp32 (bf16 = 0) or bf16 values, as a float. */
+static inline float element(const void *base, int64_t i, int bf16) {
+    if (!bf16) return ((const float *)base)[i];
+    union { uint32_t u; float f; } bits = {(uint32_t)((const uint16_t *)base)[i] << 16};
+    return bits.f;
+}
+
+/* Stores x at element i, rounded to nearest even in bf16. */
+static inline void store_element(void *base, int64_t i, float x, int bf16) {
+    if (!bf16) {
+        ((float *)base)[i] = x;
+        return;
+    }
+    union { float f; uint32_t u; } bits = {x};
+    ((uint16_t *)base)[i] = (uint16_t)((bits.u + 0x7fffu + ((bits.u >> 16) & 1u)) >> 16);
+}
+
+/* Fold n keys (positions first .. first + n - 1, K rows at keys[j], V kv_offset further)
  * into the item's running softmax and output: lane i of the item is the token at position
  * pos0 + i. */
-static void fold_keys(const Geometry *geo, const float *const *keys, int64_t n, int64_t first,
-                      int64_t pos0, Scratch *w) {
+static void fold_keys(const Geometry *geo, const float *const *keys, int64_t kv_offset,
+                      int64_t n, int64_t first, int64_t pos0, Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     for (int64_t j0 = 0; j0 < n; j0 += KEY_TILE) {
         const int64_t nk = n - j0 < KEY_TILE ? n - j0 : KEY_TILE;
@@ -134,22 +157,46 @@ static void fold_keys(const Geometry *geo, const float *const *keys, int64_t n, 
     for (int64_t d0 = 0; d0 < D; d0 += 8)
         for (int64_t g0 = 0; g0 < G; g0 += MAX_VECS) {
             const int64_t nv = G - g0 < MAX_VECS ? G - g0 : MAX_VECS;
-            VALUES[nv](keys, geo->kv_stride, n, w->s, G, g0, d0, w->shrink, w->ot);
+            VALUES[nv](keys, kv_offset, n, w->s, G, g0, d0, w->shrink, w->ot);
         }
 }
 
+/* Pointers to the K rows of positions first .. first + n - 1 (V is the returned offset
+ * further on): in place for an fp32 pool; for a bf16 one, rows widened into w->widened. */
+static int64_t step_keys(const Geometry *geo, const void *pool, int bf16, const int32_t *table,
+                         int64_t h, int64_t first, int64_t n, const float **keys, Scratch *w) {
+    const int64_t D = geo->head_dim, BS = geo->block_size;
+    for (int64_t j = 0; j < n; ++j) {
+        const int64_t pos = first + j;
+        const int64_t at = geo->layer_offset + h * D + table[pos / BS] * geo->block_stride +
+                           pos % BS * geo->token_stride;
+        if (!bf16) {
+            keys[j] = (const float *)pool + at;
+            continue;
+        }
+        float *row = w->widened + j * 2 * D;
+        for (int64_t d = 0; d < D; ++d) {
+            row[d] = element(pool, at + d, 1);
+            row[D + d] = element(pool, at + geo->kv_stride + d, 1);
+        }
+        keys[j] = row;
+    }
+    return bf16 ? D : geo->kv_stride;
+}
+
 /* One item: kv head h, tokens t0 .. t0 + 15 (those below n) of the chunk. */
-static void run_item(const Geometry *geo, const float *q, int64_t q_stride, int64_t n,
-                     int64_t start, const float *pool, const int32_t *table, int64_t h,
-                     int64_t t0, float *out, int64_t out_stride, Scratch *w) {
-    const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim, BS = geo->block_size;
+static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64_t n,
+                     int64_t start, const void *pool, int bf16, const int32_t *table, int64_t h,
+                     int64_t t0, void *out, int64_t out_stride, Scratch *w) {
+    const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     const int64_t live = n - t0 < LANES ? n - t0 : LANES;
     const float scale = 1.0f / sqrtf((float)D);
     for (int64_t g = 0; g < G; ++g) {
-        const float *qh = q + (h * G + g) * D;
+        const int64_t head = (h * G + g) * D;
         for (int64_t d = 0; d < D; ++d) {
             v16 x = (v16){0};
-            for (int64_t i = 0; i < live; ++i) x[i] = qh[(t0 + i) * q_stride + d] * scale;
+            for (int64_t i = 0; i < live; ++i)
+                x[i] = element(q, (t0 + i) * q_stride + head + d, bf16) * scale;
             w->qt[d * G + g] = x;
         }
         w->m[g] = splat16(-FLT_MAX);
@@ -157,41 +204,40 @@ static void run_item(const Geometry *geo, const float *q, int64_t q_stride, int6
     }
     memset(w->ot, 0, (size_t)(D * G) * sizeof(v16));
     const int64_t pos0 = start + t0, keys_end = pos0 + live; /* positions 0 .. keys_end - 1 */
-    const float *base = pool + geo->layer_offset + h * D;
     const float *keys[STEP_KEYS];
     for (int64_t first = 0; first < keys_end; first += STEP_KEYS) {
         const int64_t n_keys = keys_end - first < STEP_KEYS ? keys_end - first : STEP_KEYS;
-        for (int64_t j = 0; j < n_keys; ++j) {
-            const int64_t pos = first + j;
-            keys[j] = base + table[pos / BS] * geo->block_stride + pos % BS * geo->token_stride;
-        }
-        fold_keys(geo, keys, n_keys, first, pos0, w);
+        const int64_t kv_offset = step_keys(geo, pool, bf16, table, h, first, n_keys, keys, w);
+        fold_keys(geo, keys, kv_offset, n_keys, first, pos0, w);
     }
     for (int64_t g = 0; g < G; ++g) {
         const v16 inv = 1.0f / w->l[g];
-        float *oh = out + (h * G + g) * D;
+        const int64_t head = (h * G + g) * D;
         for (int64_t d = 0; d < D; ++d) {
             const v16 x = w->ot[d * G + g] * inv;
-            for (int64_t i = 0; i < live; ++i) oh[(t0 + i) * out_stride + d] = x[i];
+            for (int64_t i = 0; i < live; ++i)
+                store_element(out, (t0 + i) * out_stride + head + d, x[i], bf16);
         }
     }
 }
 
 /* out[t][h][:] for the chunk's n tokens (rows out_stride apart; q rows q_stride apart, heads
- * of D floats side by side). table: the sequence's block ids, covering start + n positions.
- * Returns 0, or -1 when scratch could not be allocated. */
-int pdserve_paged_prefill(const float *q, int64_t q_stride, int64_t n, int64_t start,
-                          const float *pool, const int32_t *table, float *out, int64_t out_stride,
+ * of D values side by side); q, pool and out all fp32 (bf16 = 0) or all bf16. table: the
+ * sequence's block ids, covering start + n positions. Returns 0, or -1 when scratch could
+ * not be allocated. */
+int pdserve_paged_prefill(const void *q, int64_t q_stride, int64_t n, int64_t start,
+                          const void *pool, const int32_t *table, void *out, int64_t out_stride,
                           int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t num_layers,
-                          int64_t block_size, int64_t layer, int num_threads) {
+                          int64_t block_size, int64_t layer, int bf16, int num_threads) {
     const Geometry geo = pool_geometry(heads, kv_heads, head_dim, num_layers, block_size, layer);
     const int64_t G = heads / kv_heads, items_per_head = (n + LANES - 1) / LANES;
     const int64_t items = items_per_head * kv_heads;
-    const size_t floats = (size_t)((2 * head_dim + STEP_KEYS + 3) * G) * LANES;
+    const size_t vec_floats = (size_t)((2 * head_dim + STEP_KEYS + 3) * G) * LANES;
+    const size_t floats = vec_floats + (size_t)(bf16 ? STEP_KEYS * 2 * head_dim : 0);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1 && items > 1)
     {
-        v16 *buffer = aligned_alloc(64, floats * sizeof(float));
+        v16 *buffer = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
         if (buffer == NULL) {
 #pragma omp atomic write
             failed = 1;
@@ -199,13 +245,14 @@ int pdserve_paged_prefill(const float *q, int64_t q_stride, int64_t n, int64_t s
             Scratch w = {buffer, buffer + head_dim * G, buffer + 2 * head_dim * G,
                          buffer + (2 * head_dim + STEP_KEYS) * G,
                          buffer + (2 * head_dim + STEP_KEYS + 1) * G,
-                         buffer + (2 * head_dim + STEP_KEYS + 2) * G};
+                         buffer + (2 * head_dim + STEP_KEYS + 2) * G,
+                         (float *)buffer + vec_floats};
             /* the last tokens attend to the most positions: hand those out first */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < items; ++item) {
                 const int64_t t0 = (items_per_head - 1 - item / kv_heads) * LANES;
-                run_item(&geo, q, q_stride, n, start, pool, table, item % kv_heads, t0, out,
-                         out_stride, &w);
+                run_item(&geo, q, q_stride, n, start, pool, bf16, table, item % kv_heads, t0,
+                         out, out_stride, &w);
             }
             free(buffer);
         }

@@ -122,8 +122,9 @@ def with_dtype(case: Case, dtype: torch.dtype) -> Case:
 @pytest.mark.parametrize("backend_name", ["cpu-native", "cpu-grouped"])
 @pytest.mark.parametrize("batch", sorted(MIXED_BATCHES))
 def test_bf16_matches_dense_reference(backend_name: str, batch: str) -> None:
-    # bf16 takes its own paths: the decode kernel's bf16 loads, torch's flash kernel for
-    # prefill chunks (the native prefill kernel is fp32 only).
+    # bf16 takes its own paths: the decode kernel's bf16 loads; for prefill chunks the
+    # native prefill kernel's bf16 loads (torch's flash kernel on CPUs with AMX, and with
+    # cpu-grouped).
     case = with_dtype(make_case(MIXED_BATCHES[batch], seed=5), torch.bfloat16)
     write_cached_prefix(case, layer=1)
     out = run_backend(BACKENDS[backend_name](), case, layer=1)

@@ -1,5 +1,5 @@
-"""The native fp32 paged prefill kernel (engine/attention/paged_prefill.c) against a causal
-attention in fp64, on paged pools with shuffled block tables."""
+"""The native paged prefill kernel (engine/attention/paged_prefill.c), fp32 and bf16, against
+a causal attention in fp64, on paged pools with shuffled block tables."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
+from engine.native_build import cpu_flags
 
 LAYERS = 3
 
@@ -54,7 +55,7 @@ def causal_reference(
 
 
 def run(kernel: PagedPrefillKernel, pool, table, q, start: int, layer: int) -> torch.Tensor:
-    out = torch.full((q.shape[0], q.shape[1] * q.shape[2]), 7.0)
+    out = torch.full((q.shape[0], q.shape[1] * q.shape[2]), 7.0, dtype=q.dtype)
     kernel(q, pool, table, start, layer, out)
     return out
 
@@ -97,7 +98,31 @@ def test_large_scores_keep_the_softmax_finite(kernel: PagedPrefillKernel) -> Non
     torch.testing.assert_close(out.double(), expected, atol=1e-3, rtol=1e-5)
 
 
-def test_handles_fp32_with_head_dim_a_multiple_of_8() -> None:
+@pytest.mark.parametrize(("start", "n"), [(0, 1), (0, 37), (3, 20), (250, 90)])
+def test_bf16_is_the_fp32_arithmetic_rounded_once(
+    kernel: PagedPrefillKernel, start: int, n: int
+) -> None:
+    # bf16 q and pool, widened exactly: the result is the fp32 kernel's on the same (rounded)
+    # values, rounded to bf16 once at the end, so within half a bf16 step of the fp64 one.
+    pool, table, q = make_case(start, n, heads=9, kv_heads=3, head_dim=64, block=16, seed=n)
+    pool, q = pool.to(torch.bfloat16), q.to(torch.bfloat16)
+    out = run(kernel, pool, table, q, start, layer=1)
+    assert out.dtype == torch.bfloat16
+    expected = causal_reference(pool, table, q, start, layer=1)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=2**-8)
+    fp32 = run(kernel, pool.float(), table, q.float(), start, layer=1)
+    assert torch.equal(out, fp32.to(torch.bfloat16)), "bf16 rounds the fp32 result, once"
+
+
+def test_handles_fp32_and_bf16_with_head_dim_a_multiple_of_8() -> None:
     assert PagedPrefillKernel.handles(torch.zeros(2, 9, 64))
-    assert not PagedPrefillKernel.handles(torch.zeros(2, 9, 64, dtype=torch.bfloat16))
+    assert PagedPrefillKernel.handles(torch.zeros(2, 9, 64, dtype=torch.bfloat16))
+    assert not PagedPrefillKernel.handles(torch.zeros(2, 9, 64, dtype=torch.float16))
     assert not PagedPrefillKernel.handles(torch.zeros(2, 9, 60))
+
+
+def test_bf16_chunks_take_torch_flash_kernel_only_where_amx_runs_it() -> None:
+    bf16 = torch.zeros(2, 9, 64, dtype=torch.bfloat16)
+    assert PagedPrefillKernel.preferred_for(torch.zeros(2, 9, 64))
+    assert PagedPrefillKernel.preferred_for(bf16) == ("amx_bf16" not in cpu_flags())
+    assert not PagedPrefillKernel.preferred_for(torch.zeros(2, 9, 60))
