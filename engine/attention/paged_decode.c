@@ -243,7 +243,13 @@ static inline void dots16_f32(const float *k, int64_t TS, int64_t rows, const fl
     }
 }
 
-static inline __m512 row16_f32(const float *v) { return _mm512_loadu_ps(v); }
+/* A V row's 64 values as four vectors, in the order the kernel keeps its outputs in: for
+ * fp32 their own; for bf16 see vrow_bf16. ordered_* puts such four vectors back in order. */
+static inline void vrow_f32(const float *v, __m512 *x) {
+    for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_ps(v + 16 * i);
+}
+
+static inline void ordered_f32(__m512 *x) { (void)x; }
 
 #ifdef __AVX512BF16__
 #define PD_LANE_BF16 1
@@ -269,17 +275,37 @@ static inline void dots16_bf16(const uint16_t *k, int64_t TS, int64_t rows, cons
     }
 }
 
-static inline __m512 row16_bf16(const uint16_t *v) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)v));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+/* Each 32-bit word of a bf16 row holds values 2i (low half) and 2i + 1 (high half): shifted
+ * left, the word is value 2i as a float; masked, value 2i + 1. So the row widens exactly in
+ * one op per 16 values, into the even values of 0-31, the odd ones, the even of 32-63 and
+ * the odd; widening in order (vpmovzxwd, a lane-crossing op, and a shift) cost twice that,
+ * and this kernel is bound by its arithmetic, not its reads (64 sequences x 800 positions,
+ * two threads: ~20 GB/s of K/V with the pool in memory or in cache). */
+static inline void vrow_bf16(const uint16_t *v, __m512 *x) {
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int i = 0; i < 2; ++i) {
+        const __m512i words = _mm512_loadu_si512(v + 32 * i);
+        x[2 * i] = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
+        x[2 * i + 1] = _mm512_castsi512_ps(_mm512_and_si512(words, high));
+    }
+}
+
+static inline void ordered_bf16(__m512 *x) {
+    const __m512i first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+    for (int i = 0; i < 4; i += 2) {
+        const __m512 even = x[i], odd = x[i + 1];
+        x[i] = _mm512_permutex2var_ps(even, first, odd);
+        x[i + 1] = _mm512_permutex2var_ps(even, second, odd);
+    }
 }
 #endif
 
 /* One sequence's work for kv heads [h0, h0 + nh) with the K/V read in chunks of 16
  * positions. q: the rows' query vectors, unscaled (scale multiplies the scores); acc:
- * rows * 64 floats out; weights: G * 16 floats and sums: rows vectors of scratch; m: rows
- * floats. */
-#define DEFINE_LANE_SEQ(NAME, ELEM, DOTS16, ROW16)                                             \
+ * rows * 64 floats out (in VROW's order until the end); weights: G * 16 floats and sums:
+ * rows vectors of scratch; m: rows floats. */
+#define DEFINE_LANE_SEQ(NAME, ELEM, DOTS16, VROW, ORDERED)                                             \
     static void NAME(const Geometry *geo, const ELEM *pool, const int32_t *table, int64_t len, \
                      int64_t h0, int64_t nh, const ELEM *q, float scale, float *weights,       \
                      float *acc, float *m, __m512 *sums) {                                     \
@@ -334,14 +360,12 @@ static inline __m512 row16_bf16(const uint16_t *v) {
                     for (int64_t t = 0; t < n; ++t) {                                          \
                         const ELEM *vt = v + t * TS;                                           \
                         prefetch_run(v_ahead + t * TS, row_bytes, 0);                          \
-                        const __m512 v0 = ROW16(vt), v1 = ROW16(vt + 16);                      \
-                        const __m512 v2 = ROW16(vt + 32), v3 = ROW16(vt + 48);                 \
+                        __m512 vr[4];                                                          \
+                        VROW(vt, vr);                                                          \
                         for (int64_t g = 0; g < G; ++g) {                                      \
                             const __m512 w = _mm512_set1_ps(weights[g * PD_LANES + t]);        \
-                            out[g][0] = _mm512_fmadd_ps(w, v0, out[g][0]);                     \
-                            out[g][1] = _mm512_fmadd_ps(w, v1, out[g][1]);                     \
-                            out[g][2] = _mm512_fmadd_ps(w, v2, out[g][2]);                     \
-                            out[g][3] = _mm512_fmadd_ps(w, v3, out[g][3]);                     \
+                            for (int i = 0; i < 4; ++i)                                        \
+                                out[g][i] = _mm512_fmadd_ps(w, vr[i], out[g][i]);              \
                         }                                                                      \
                     }                                                                          \
                     for (int64_t g = 0; g < G; ++g)                                            \
@@ -352,15 +376,16 @@ static inline __m512 row16_bf16(const uint16_t *v) {
         }                                                                                      \
         for (int64_t r = 0; r < rows; ++r) {                                                   \
             const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sums[r]));           \
-            for (int i = 0; i < 4; ++i)                                                        \
-                _mm512_storeu_ps(acc + r * D + 16 * i,                                         \
-                                 _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + 16 * i), inv));   \
+            __m512 x[4];                                                                       \
+            for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_ps(acc + r * D + 16 * i);          \
+            ORDERED(x);                                                                        \
+            for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * D + 16 * i, x[i] * inv);    \
         }                                                                                      \
     }
 
-DEFINE_LANE_SEQ(lane_seq_f32_64, float, dots16_f32, row16_f32)
+DEFINE_LANE_SEQ(lane_seq_f32_64, float, dots16_f32, vrow_f32, ordered_f32)
 #ifdef PD_LANE_BF16
-DEFINE_LANE_SEQ(lane_seq_bf16_64, uint16_t, dots16_bf16, row16_bf16)
+DEFINE_LANE_SEQ(lane_seq_bf16_64, uint16_t, dots16_bf16, vrow_bf16, ordered_bf16)
 #endif
 #endif
 
