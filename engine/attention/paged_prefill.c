@@ -7,11 +7,16 @@
  * chunks of 128-512 tokens here, and a chunk after a cached prefix first needs a gather of
  * that prefix plus a second call and a merge (cpu_prefill.py). This kernel: 1.5-1.8x faster
  * at 128-512 tokens, 1.1-1.4x at 1,024-2,048 and after a 1,024-token prefix, ~230 GFLOP/s
- * at best on two threads (python -m bench.prefill_attention, 2026-11-23). In bf16 (q, the pool
- * and out in bf16) the arithmetic is the same fp32: each step's keys are widened into a
- * small fp32 buffer first, and each output is rounded to bf16 once; on a CPU without AMX,
- * where torch's bf16 flash kernel runs no faster than its fp32 one, that is 1.1-2.0x faster
- * than torch's (python -m bench.prefill_attention --dtype bf16, Zen 4, 2026-11-26).
+ * at best on two threads (python -m bench.prefill_attention, 2026-11-23).
+ *
+ * In bf16 (q, the pool and out in bf16) the scores take vdpbf16ps where the CPU has AVX-512
+ * BF16: q is held as pairs of its bf16 values (qp[d / 2][g], a pair per lane) and each key's
+ * pair of values is broadcast, so K is read in place, half as many multiply-adds, no
+ * widening; the scale multiplies the sums. The values stay fp32 arithmetic on V rows widened
+ * into a small buffer per step, and each output is rounded to bf16 once. On a CPU without
+ * AMX, where torch's bf16 flash kernel runs no faster than its fp32 one, this is
+ * 1.6-2.3x faster than torch's (python -m bench.prefill_attention --dtype bf16, Zen 4,
+ * 2026-11-26; widening K as well and fp32 scores: 1.1-2.0x).
  *
  * Work items are (kv head, 16 query tokens). An item's query rows are its G = H / KVH query
  * heads times its 16 tokens, held transposed, tokens in the 16 lanes of a vector:
@@ -94,8 +99,48 @@ typedef void (*ValuesFn)(const float *const *, int64_t, int64_t, const v16 *, in
 static const ScoresFn SCORES[MAX_VECS + 1] = {0, scores_1, scores_2, scores_3};
 static const ValuesFn VALUES[MAX_VECS + 1] = {0, values_1, values_2, values_3};
 
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#define PP_BF16_PAIRS 1
+
+/* s[j][g] = scale * sum_d k[j][d] * q[d][g] for bf16 key rows and qp[d / 2][g] (16 lanes of
+ * bf16 pairs), keys j0 .. j0 + nk - 1 (nk <= KEY_TILE), query vectors g0 .. g0 + NV - 1. */
+#define DEFINE_SCORES_BF16(NV)                                                                 \
+    static void scores_bf16_##NV(const uint16_t *const *keys, int64_t nk, const __m512bh *qp,   \
+                                 int64_t nv_all, int64_t g0, int64_t pairs, float scale,       \
+                                 v16 *s) {                                                     \
+        __m512 acc[KEY_TILE][NV];                                                              \
+        for (int j = 0; j < KEY_TILE; ++j)                                                     \
+            for (int g = 0; g < NV; ++g) acc[j][g] = _mm512_setzero_ps();                      \
+        const uint16_t *rows[KEY_TILE];                                                        \
+        for (int j = 0; j < KEY_TILE; ++j) rows[j] = keys[j < nk ? j : 0];                     \
+        for (int64_t d = 0; d < pairs; ++d) {                                                  \
+            __m512bh q[NV];                                                                    \
+            for (int g = 0; g < NV; ++g) q[g] = qp[d * nv_all + g0 + g];                       \
+            _Pragma("GCC unroll 8") for (int j = 0; j < KEY_TILE; ++j) {                       \
+                int32_t pair;                                                                  \
+                memcpy(&pair, rows[j] + 2 * d, sizeof pair);                                   \
+                const __m512bh kj = (__m512bh)_mm512_set1_epi32(pair);                         \
+                for (int g = 0; g < NV; ++g) acc[j][g] = _mm512_dpbf16_ps(acc[j][g], kj, q[g]); \
+            }                                                                                  \
+        }                                                                                      \
+        for (int j = 0; j < nk; ++j)                                                           \
+            for (int g = 0; g < NV; ++g) s[j * nv_all + g0 + g] = (v16)acc[j][g] * scale;      \
+    }
+
+DEFINE_SCORES_BF16(1)
+DEFINE_SCORES_BF16(2)
+DEFINE_SCORES_BF16(3)
+
+typedef void (*ScoresBf16Fn)(const uint16_t *const *, int64_t, const __m512bh *, int64_t,
+                             int64_t, int64_t, float, v16 *);
+static const ScoresBf16Fn SCORES_BF16[MAX_VECS + 1] = {0, scores_bf16_1, scores_bf16_2,
+                                                       scores_bf16_3};
+#endif
+
 /* Scratch of one item, G vectors wide: qt and ot [D][G], s [STEP_KEYS][G], m, l, shrink [G];
- * and for a bf16 pool one step's keys widened, [STEP_KEYS][K then V][D] floats. */
+ * and for a bf16 pool one step's V rows widened, [STEP_KEYS][D] floats (with AVX-512 BF16;
+ * without it K rows too, [STEP_KEYS][K then V][D]). In bf16 with AVX-512 BF16, qt holds qp. */
 typedef struct {
     v16 *qt, *ot, *s, *m, *l, *shrink;
     float *widened;
@@ -118,19 +163,34 @@ static inline void store_element(void *base, int64_t i, float x, int bf16) {
     ((uint16_t *)base)[i] = (uint16_t)((bits.u + 0x7fffu + ((bits.u >> 16) & 1u)) >> 16);
 }
 
-/* Fold n keys (positions first .. first + n - 1, K rows at keys[j], V kv_offset further)
- * into the item's running softmax and output: lane i of the item is the token at position
- * pos0 + i. */
-static void fold_keys(const Geometry *geo, const float *const *keys, int64_t kv_offset,
-                      int64_t n, int64_t first, int64_t pos0, Scratch *w) {
+/* The scores of n keys into w->s: K rows at keys[j], fp32, or with bf16_pairs bf16 (then
+ * w->qt holds qp, and the sums are scaled here). */
+static void score_keys(const Geometry *geo, const void *const *keys, int bf16_pairs, int64_t n,
+                       Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     for (int64_t j0 = 0; j0 < n; j0 += KEY_TILE) {
         const int64_t nk = n - j0 < KEY_TILE ? n - j0 : KEY_TILE;
         for (int64_t g0 = 0; g0 < G; g0 += MAX_VECS) {
             const int64_t nv = G - g0 < MAX_VECS ? G - g0 : MAX_VECS;
-            SCORES[nv](keys + j0, nk, w->qt, G, g0, D, w->s + j0 * G);
+#ifdef PP_BF16_PAIRS
+            if (bf16_pairs) {
+                SCORES_BF16[nv]((const uint16_t *const *)keys + j0, nk, (const __m512bh *)w->qt,
+                                G, g0, D / 2, 1.0f / sqrtf((float)D), w->s + j0 * G);
+                continue;
+            }
+#endif
+            (void)bf16_pairs;
+            SCORES[nv]((const float *const *)keys + j0, nk, w->qt, G, g0, D, w->s + j0 * G);
         }
     }
+}
+
+/* Fold n keys (positions first .. first + n - 1, scores in w->s, V rows at values[j]) into
+ * the item's running softmax and output: lane i of the item is the token at position
+ * pos0 + i. */
+static void fold_keys(const Geometry *geo, const float *const *values, int64_t n, int64_t first,
+                      int64_t pos0, Scratch *w) {
+    const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     i16v lane_pos;
     for (int i = 0; i < LANES; ++i) lane_pos[i] = (int32_t)(pos0 + i);
     const int masked = first + n - 1 > pos0; /* some key lies past some lane's position */
@@ -157,31 +217,70 @@ static void fold_keys(const Geometry *geo, const float *const *keys, int64_t kv_
     for (int64_t d0 = 0; d0 < D; d0 += 8)
         for (int64_t g0 = 0; g0 < G; g0 += MAX_VECS) {
             const int64_t nv = G - g0 < MAX_VECS ? G - g0 : MAX_VECS;
-            VALUES[nv](keys, kv_offset, n, w->s, G, g0, d0, w->shrink, w->ot);
+            VALUES[nv](values, 0, n, w->s, G, g0, d0, w->shrink, w->ot);
         }
 }
 
-/* Pointers to the K rows of positions first .. first + n - 1 (V is the returned offset
- * further on): in place for an fp32 pool; for a bf16 one, rows widened into w->widened. */
-static int64_t step_keys(const Geometry *geo, const void *pool, int bf16, const int32_t *table,
-                         int64_t h, int64_t first, int64_t n, const float **keys, Scratch *w) {
+#ifdef PP_BF16_PAIRS
+enum { BF16_PAIRS = 1 };
+#else
+enum { BF16_PAIRS = 0 };
+#endif
+
+/* The K and V rows of positions first .. first + n - 1: in place for an fp32 pool; for a
+ * bf16 one, K in place (BF16_PAIRS) or widened, and V widened, into w->widened. */
+static void step_rows(const Geometry *geo, const void *pool, int bf16, const int32_t *table,
+                      int64_t h, int64_t first, int64_t n, const void **keys,
+                      const float **values, Scratch *w) {
     const int64_t D = geo->head_dim, BS = geo->block_size;
+    const int64_t widened_k = bf16 && !BF16_PAIRS, row_floats = (1 + widened_k) * D;
     for (int64_t j = 0; j < n; ++j) {
         const int64_t pos = first + j;
         const int64_t at = geo->layer_offset + h * D + table[pos / BS] * geo->block_stride +
                            pos % BS * geo->token_stride;
         if (!bf16) {
             keys[j] = (const float *)pool + at;
+            values[j] = (const float *)pool + at + geo->kv_stride;
             continue;
         }
-        float *row = w->widened + j * 2 * D;
-        for (int64_t d = 0; d < D; ++d) {
-            row[d] = element(pool, at + d, 1);
-            row[D + d] = element(pool, at + geo->kv_stride + d, 1);
+        float *row = w->widened + j * row_floats;
+        for (int64_t d = 0; d < D; ++d) row[d] = element(pool, at + geo->kv_stride + d, 1);
+        values[j] = row;
+        keys[j] = (const uint16_t *)pool + at;
+        if (widened_k) {
+            for (int64_t d = 0; d < D; ++d) row[D + d] = element(pool, at + d, 1);
+            keys[j] = row + D;
         }
-        keys[j] = row;
     }
-    return bf16 ? D : geo->kv_stride;
+}
+
+/* The item's queries: qt[d][g] = q * D^-1/2, tokens in lanes; or for bf16 with BF16_PAIRS,
+ * qp[d / 2][g] = the unscaled bf16 pair (q[.][d], q[.][d + 1]) in each 32-bit lane. */
+static void load_queries(const Geometry *geo, const void *q, int64_t q_stride, int bf16,
+                         int64_t h, int64_t t0, int64_t live, Scratch *w) {
+    const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int64_t g = 0; g < G; ++g) {
+        const int64_t head = (h * G + g) * D;
+        if (bf16 && BF16_PAIRS) {
+            const uint16_t *q16 = q;
+            for (int64_t d = 0; d < D / 2; ++d) {
+                i16v pairs = (i16v){0};
+                for (int64_t i = 0; i < live; ++i) {
+                    const uint16_t *at = q16 + (t0 + i) * q_stride + head + 2 * d;
+                    pairs[i] = (int32_t)((uint32_t)at[0] | (uint32_t)at[1] << 16);
+                }
+                w->qt[d * G + g] = (v16)pairs;
+            }
+            continue;
+        }
+        for (int64_t d = 0; d < D; ++d) {
+            v16 x = (v16){0};
+            for (int64_t i = 0; i < live; ++i)
+                x[i] = element(q, (t0 + i) * q_stride + head + d, bf16) * scale;
+            w->qt[d * G + g] = x;
+        }
+    }
 }
 
 /* One item: kv head h, tokens t0 .. t0 + 15 (those below n) of the chunk. */
@@ -190,25 +289,20 @@ static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64
                      int64_t t0, void *out, int64_t out_stride, Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     const int64_t live = n - t0 < LANES ? n - t0 : LANES;
-    const float scale = 1.0f / sqrtf((float)D);
+    load_queries(geo, q, q_stride, bf16, h, t0, live, w);
     for (int64_t g = 0; g < G; ++g) {
-        const int64_t head = (h * G + g) * D;
-        for (int64_t d = 0; d < D; ++d) {
-            v16 x = (v16){0};
-            for (int64_t i = 0; i < live; ++i)
-                x[i] = element(q, (t0 + i) * q_stride + head + d, bf16) * scale;
-            w->qt[d * G + g] = x;
-        }
         w->m[g] = splat16(-FLT_MAX);
         w->l[g] = (v16){0};
     }
     memset(w->ot, 0, (size_t)(D * G) * sizeof(v16));
     const int64_t pos0 = start + t0, keys_end = pos0 + live; /* positions 0 .. keys_end - 1 */
-    const float *keys[STEP_KEYS];
+    const void *keys[STEP_KEYS];
+    const float *values[STEP_KEYS];
     for (int64_t first = 0; first < keys_end; first += STEP_KEYS) {
         const int64_t n_keys = keys_end - first < STEP_KEYS ? keys_end - first : STEP_KEYS;
-        const int64_t kv_offset = step_keys(geo, pool, bf16, table, h, first, n_keys, keys, w);
-        fold_keys(geo, keys, kv_offset, n_keys, first, pos0, w);
+        step_rows(geo, pool, bf16, table, h, first, n_keys, keys, values, w);
+        score_keys(geo, keys, bf16 && BF16_PAIRS, n_keys, w);
+        fold_keys(geo, values, n_keys, first, pos0, w);
     }
     for (int64_t g = 0; g < G; ++g) {
         const v16 inv = 1.0f / w->l[g];
