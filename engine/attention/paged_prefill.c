@@ -9,14 +9,16 @@
  * at 128-512 tokens, 1.1-1.4x at 1,024-2,048 and after a 1,024-token prefix, ~230 GFLOP/s
  * at best on two threads (python -m bench.prefill_attention, 2026-11-23).
  *
- * In bf16 (q, the pool and out in bf16) the scores take vdpbf16ps where the CPU has AVX-512
- * BF16: q is held as pairs of its bf16 values (qp[d / 2][g], a pair per lane) and each key's
- * pair of values is broadcast, so K is read in place, half as many multiply-adds, no
- * widening; the scale multiplies the sums. The values stay fp32 arithmetic on V rows widened
- * into a small buffer per step, and each output is rounded to bf16 once. On a CPU without
- * AMX, where torch's bf16 flash kernel runs no faster than its fp32 one, this is
- * 1.6-2.3x faster than torch's (python -m bench.prefill_attention --dtype bf16, Zen 4,
- * 2026-11-26; widening K as well and fp32 scores: 1.1-2.0x).
+ * In bf16 (q, the pool and out in bf16) both products take vdpbf16ps where the CPU has
+ * AVX-512 BF16. Scores: q is held as pairs of its bf16 values (qp[d / 2][g], a pair per lane)
+ * and each key's pair of values is broadcast, so K is read in place, with half as many
+ * multiply-adds and no widening; the scale multiplies the sums. Values: each step's V rows
+ * are interleaved in pairs of keys, and the softmax weights rounded to bf16 in the same
+ * pairs, as GPU flash attention rounds them (the running sums stay fp32). Each output is
+ * rounded to bf16 once. On a CPU without AMX, where torch's bf16 flash kernel runs no faster
+ * than its fp32 one, this is 1.9-3.0x faster than torch's (python -m bench.prefill_attention
+ * --dtype bf16, Zen 4, 2026-11-26; with fp32 arithmetic on widened K and V, 1.1-2.0x;
+ * with only the scores on vdpbf16ps, 1.6-2.3x).
  *
  * Work items are (kv head, 16 query tokens). An item's query rows are its G = H / KVH query
  * heads times its 16 tokens, held transposed, tokens in the 16 lanes of a vector:
@@ -27,8 +29,7 @@
  * sum_d K[j][d] * qt[d][g]; the running softmax keeps a max and a sum per lane; the output
  * ot[d][g] += V[j][d] * p[j][g]. STEP_KEYS keys (any blocks) make one softmax step (16, 32
  * and 64 measured alike). Causality is a per-lane mask in the steps that reach past the
- * item's first token.
- * Products and sums are fp32 throughout.
+ * item's first token. In fp32, products and sums are fp32 throughout.
  */
 #include <float.h>
 #include <stdint.h>
@@ -132,15 +133,48 @@ DEFINE_SCORES_BF16(1)
 DEFINE_SCORES_BF16(2)
 DEFINE_SCORES_BF16(3)
 
+/* ot[d][g] = ot[d][g] * shrink[g] + sum_j v[j][d] * p[j][g] for d in d0 .. d0 + 7 and query
+ * vectors g0 .. g0 + NV - 1, over `pairs` pairs of keys: vp[j2][d] holds the bf16 pair
+ * (V[2 j2][d], V[2 j2 + 1][d]), pp[j2][g] the matching pair of weights in each lane. */
+#define DEFINE_VALUES_BF16(NV)                                                                 \
+    static void values_bf16_##NV(const uint32_t *vp, int64_t d_len, int64_t pairs,             \
+                                 const __m512bh *pp, int64_t nv_all, int64_t g0, int64_t d0,   \
+                                 const v16 *shrink, v16 *ot) {                                 \
+        __m512 acc[8][NV];                                                                     \
+        for (int dd = 0; dd < 8; ++dd)                                                         \
+            for (int g = 0; g < NV; ++g)                                                       \
+                acc[dd][g] = (__m512)(ot[(d0 + dd) * nv_all + g0 + g] * shrink[g0 + g]);       \
+        for (int64_t j = 0; j < pairs; ++j) {                                                  \
+            __m512bh pj[NV];                                                                   \
+            for (int g = 0; g < NV; ++g) pj[g] = pp[j * nv_all + g0 + g];                      \
+            const uint32_t *vj = vp + j * d_len + d0;                                          \
+            _Pragma("GCC unroll 8") for (int dd = 0; dd < 8; ++dd) {                           \
+                const __m512bh x = (__m512bh)_mm512_set1_epi32((int32_t)vj[dd]);               \
+                for (int g = 0; g < NV; ++g) acc[dd][g] = _mm512_dpbf16_ps(acc[dd][g], x, pj[g]); \
+            }                                                                                  \
+        }                                                                                      \
+        for (int dd = 0; dd < 8; ++dd)                                                         \
+            for (int g = 0; g < NV; ++g) ot[(d0 + dd) * nv_all + g0 + g] = (v16)acc[dd][g];    \
+    }
+
+DEFINE_VALUES_BF16(1)
+DEFINE_VALUES_BF16(2)
+DEFINE_VALUES_BF16(3)
+
 typedef void (*ScoresBf16Fn)(const uint16_t *const *, int64_t, const __m512bh *, int64_t,
                              int64_t, int64_t, float, v16 *);
+typedef void (*ValuesBf16Fn)(const uint32_t *, int64_t, int64_t, const __m512bh *, int64_t,
+                             int64_t, int64_t, const v16 *, v16 *);
 static const ScoresBf16Fn SCORES_BF16[MAX_VECS + 1] = {0, scores_bf16_1, scores_bf16_2,
                                                        scores_bf16_3};
+static const ValuesBf16Fn VALUES_BF16[MAX_VECS + 1] = {0, values_bf16_1, values_bf16_2,
+                                                       values_bf16_3};
 #endif
 
 /* Scratch of one item, G vectors wide: qt and ot [D][G], s [STEP_KEYS][G], m, l, shrink [G];
- * and for a bf16 pool one step's V rows widened, [STEP_KEYS][D] floats (with AVX-512 BF16;
- * without it K rows too, [STEP_KEYS][K then V][D]). In bf16 with AVX-512 BF16, qt holds qp. */
+ * and for a bf16 pool one step's V rows: with AVX-512 BF16 in pairs of keys, vp
+ * [STEP_KEYS / 2][D] words (qt then holds qp, and s the weights' pairs once they are
+ * computed); without it widened, with the K rows, [STEP_KEYS][K then V][D] floats. */
 typedef struct {
     v16 *qt, *ot, *s, *m, *l, *shrink;
     float *widened;
@@ -185,11 +219,33 @@ static void score_keys(const Geometry *geo, const void *const *keys, int bf16_pa
     }
 }
 
+#ifdef PP_BF16_PAIRS
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+/* The bits of x rounded to the nearest bf16 (even on ties), in the low 16 bits of each lane
+ * (x finite). */
+static inline u32x16 bf16_bits(v16 x) {
+    const u32x16 bits = (u32x16)x;
+    return (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+}
+
+/* The weights w->s[j][g] (fp32) as bf16 pairs in place: w->s[j2][g] becomes, in each lane,
+ * (p[2 j2], p[2 j2 + 1]) (0 past n). Pair j2 lands at or before the entries it reads. */
+static void pair_weights(v16 *s, int64_t n, int64_t G) {
+    for (int64_t j2 = 0; j2 < (n + 1) / 2; ++j2)
+        for (int64_t g = 0; g < G; ++g) {
+            const u32x16 lo = bf16_bits(s[2 * j2 * G + g]);
+            const u32x16 hi = 2 * j2 + 1 < n ? bf16_bits(s[(2 * j2 + 1) * G + g]) : (u32x16){0};
+            s[j2 * G + g] = (v16)(lo | hi << 16);
+        }
+}
+#endif
+
 /* Fold n keys (positions first .. first + n - 1, scores in w->s, V rows at values[j]) into
  * the item's running softmax and output: lane i of the item is the token at position
  * pos0 + i. */
-static void fold_keys(const Geometry *geo, const float *const *values, int64_t n, int64_t first,
-                      int64_t pos0, Scratch *w) {
+static void fold_keys(const Geometry *geo, const float *const *values, int bf16_pairs, int64_t n,
+                      int64_t first, int64_t pos0, Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     i16v lane_pos;
     for (int i = 0; i < LANES; ++i) lane_pos[i] = (int32_t)(pos0 + i);
@@ -214,6 +270,19 @@ static void fold_keys(const Geometry *geo, const float *const *values, int64_t n
         w->m[g] = top;
         w->shrink[g] = shrink;
     }
+#ifdef PP_BF16_PAIRS
+    if (bf16_pairs) {
+        pair_weights(w->s, n, G);
+        for (int64_t d0 = 0; d0 < D; d0 += 8)
+            for (int64_t g0 = 0; g0 < G; g0 += MAX_VECS) {
+                const int64_t nv = G - g0 < MAX_VECS ? G - g0 : MAX_VECS;
+                VALUES_BF16[nv]((const uint32_t *)w->widened, D, (n + 1) / 2,
+                                (const __m512bh *)w->s, G, g0, d0, w->shrink, w->ot);
+            }
+        return;
+    }
+#endif
+    (void)bf16_pairs;
     for (int64_t d0 = 0; d0 < D; d0 += 8)
         for (int64_t g0 = 0; g0 < G; g0 += MAX_VECS) {
             const int64_t nv = G - g0 < MAX_VECS ? G - g0 : MAX_VECS;
@@ -228,12 +297,13 @@ enum { BF16_PAIRS = 0 };
 #endif
 
 /* The K and V rows of positions first .. first + n - 1: in place for an fp32 pool; for a
- * bf16 one, K in place (BF16_PAIRS) or widened, and V widened, into w->widened. */
+ * bf16 one, K in place and V in pairs of keys into w->widened (BF16_PAIRS), or both widened
+ * there. */
 static void step_rows(const Geometry *geo, const void *pool, int bf16, const int32_t *table,
                       int64_t h, int64_t first, int64_t n, const void **keys,
                       const float **values, Scratch *w) {
     const int64_t D = geo->head_dim, BS = geo->block_size;
-    const int64_t widened_k = bf16 && !BF16_PAIRS, row_floats = (1 + widened_k) * D;
+    const uint16_t *v_rows[STEP_KEYS];
     for (int64_t j = 0; j < n; ++j) {
         const int64_t pos = first + j;
         const int64_t at = geo->layer_offset + h * D + table[pos / BS] * geo->block_stride +
@@ -241,16 +311,25 @@ static void step_rows(const Geometry *geo, const void *pool, int bf16, const int
         if (!bf16) {
             keys[j] = (const float *)pool + at;
             values[j] = (const float *)pool + at + geo->kv_stride;
-            continue;
-        }
-        float *row = w->widened + j * row_floats;
-        for (int64_t d = 0; d < D; ++d) row[d] = element(pool, at + geo->kv_stride + d, 1);
-        values[j] = row;
-        keys[j] = (const uint16_t *)pool + at;
-        if (widened_k) {
-            for (int64_t d = 0; d < D; ++d) row[D + d] = element(pool, at + d, 1);
+        } else if (BF16_PAIRS) {
+            keys[j] = (const uint16_t *)pool + at;
+            v_rows[j] = (const uint16_t *)pool + at + geo->kv_stride;
+        } else {
+            float *row = w->widened + j * 2 * D;
+            for (int64_t d = 0; d < D; ++d) {
+                row[d] = element(pool, at + geo->kv_stride + d, 1);
+                row[D + d] = element(pool, at + d, 1);
+            }
+            values[j] = row;
             keys[j] = row + D;
         }
+    }
+    if (!bf16 || !BF16_PAIRS) return;
+    uint32_t *vp = (uint32_t *)w->widened;
+    for (int64_t j2 = 0; j2 < (n + 1) / 2; ++j2) {
+        const uint16_t *a = v_rows[2 * j2], *b = 2 * j2 + 1 < n ? v_rows[2 * j2 + 1] : NULL;
+        for (int64_t d = 0; d < D; ++d)
+            vp[j2 * D + d] = (uint32_t)a[d] | (b ? (uint32_t)b[d] << 16 : 0u);
     }
 }
 
@@ -302,7 +381,7 @@ static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64
         const int64_t n_keys = keys_end - first < STEP_KEYS ? keys_end - first : STEP_KEYS;
         step_rows(geo, pool, bf16, table, h, first, n_keys, keys, values, w);
         score_keys(geo, keys, bf16 && BF16_PAIRS, n_keys, w);
-        fold_keys(geo, values, n_keys, first, pos0, w);
+        fold_keys(geo, values, bf16 && BF16_PAIRS, n_keys, first, pos0, w);
     }
     for (int64_t g = 0; g < G; ++g) {
         const v16 inv = 1.0f / w->l[g];
