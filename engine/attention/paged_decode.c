@@ -279,8 +279,9 @@ static inline void dots16_bf16(const uint16_t *k, int64_t TS, int64_t rows, cons
  * left, the word is value 2i as a float; masked, value 2i + 1. So the row widens exactly in
  * one op per 16 values, into the even values of 0-31, the odd ones, the even of 32-63 and
  * the odd; widening in order (vpmovzxwd, a lane-crossing op, and a shift) cost twice that,
- * and this kernel is bound by its arithmetic, not its reads (64 sequences x 800 positions,
- * two threads: ~20 GB/s of K/V with the pool in memory or in cache). */
+ * and this kernel is bound by its arithmetic more than by its reads (64 sequences x 800
+ * positions on huge pages, two threads, Zen 4: 23-30 GB/s of K/V; with the V work taken
+ * out it ran 1.33x faster, with the dot products taken out 1.96x). */
 static inline void vrow_bf16(const uint16_t *v, __m512 *x) {
     const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     for (int i = 0; i < 2; ++i) {
