@@ -4,10 +4,12 @@
  * rounded to bf16 once, after the op).
  *
  * Built at first use by engine/model/packed_gemm.py; where -march=native has no AVX-512 BF16,
- * pdserve_avx512_bf16_init fails and bf16 stays on oneDNN. Why: oneDNN's bf16 GEMM blocks by
- * row count, so a row's rounding (and at times a greedy token) depended on the batch it ran
- * in; and at the 1-64 rows of decode steps it ran well below this CPU's bf16 rate. Here each
- * output is one dot product in a fixed order whatever the number of rows (batch-invariant).
+ * pdserve_avx512_bf16_init fails and bf16 stays on oneDNN. Why: at the 1-64 rows of decode
+ * steps oneDNN's bf16 GEMM ran well below this CPU's bf16 rate; and with its linears the
+ * engine's greedy bf16 tokens depended on the batch (3 of 8 prompts differed alone and in a
+ * batch, 2026-11-26; isolated, its linears gave the same bits for any leading rows we tried,
+ * so the cause inside oneDNN is not pinned down). Here each output is one dot product in a
+ * fixed order whatever the rows around it (batch-invariant), and those tokens agree.
  * Measured speed: the module docstring of engine/model/packed_linear.py.
  *
  * Layout: bf16_panels.h's. One k step multiplies a panel row (two vectors: 16 columns x a

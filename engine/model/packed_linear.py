@@ -12,7 +12,8 @@ layout the GEMM reads front to back, the weights serve every ``T``:
   size is a multiple of 32; else our own AVX-512 BF16 GEMM (``avx512_bf16_gemm.c``) where
   the CPU has AVX-512 BF16 and the input size is even: on a Zen 4, 1.14-1.53x faster than
   oneDNN's for 1-64 rows, level at 128-256, 0.95x at 2,048 (``python -m bench.packed_gemm
-  --dtype bf16``, 2026-11-26), and batch-invariant where oneDNN's is not; oneDNN otherwise.
+  --dtype bf16``, 2026-11-26), and batch-invariant (with oneDNN's, the engine's bf16
+  tokens depended on the batch); oneDNN otherwise.
 
 All apply an element-wise op to the GEMM result before storing it (a "post-op"), which
 saves the separate passes over the activations for SiLU, the gate product and the residual

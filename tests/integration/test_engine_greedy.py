@@ -169,10 +169,10 @@ def test_bf16_greedy_is_the_same_alone_and_in_a_batch(
     loaded_bf16: LoadedModel, prompt_ids: list[list[int]]
 ) -> None:
     """bf16 takes other kernels (our AMX or AVX-512 BF16 GEMM, the decode kernel's bf16
-    loads, torch's flash kernel for prefill): each row and each sequence is still computed
-    on its own, so the batch it runs in changes no token. On a CPU with neither AMX nor
-    AVX-512 BF16 the linears are oneDNN's, whose bf16 kernels block by row count: the
-    rounding, so a token, may then depend on the batch, and only the run itself is checked."""
+    loads, our prefill kernel's or, with AMX, torch's): each row and each sequence is still
+    computed on its own, so the batch it runs in changes no token. On a CPU with neither AMX
+    nor AVX-512 BF16 the linears are oneDNN's, with which (measured on a Zen 4) tokens did
+    depend on the batch, so only the run itself is checked."""
     together, _ = run(loaded_bf16, prompt_ids, dtype="bfloat16")
     assert all(len(t) == NEW_TOKENS for t in together)
     if gemm_for(torch.bfloat16) is None:

@@ -118,6 +118,20 @@ def test_strided_rows_and_silu_far_out_on_both_sides(dtype: torch.dtype, in_feat
     torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_our_gemms_give_a_row_the_same_bits_in_any_batch(dtype: torch.dtype) -> None:
+    # Each output is one dot product in a fixed order, whatever the rows around it: what
+    # makes greedy output independent of the batch.
+    if not ours_packs(dtype, 64, "native"):
+        pytest.skip(f"no native {dtype} GEMM here: nothing of ours to check")
+    gen = torch.Generator().manual_seed(7)
+    packed = PackedLinear(torch.randn(72, 64, generator=gen).to(dtype), None)
+    x = torch.randn(600, 64, generator=gen).to(dtype)  # two row blocks of up to 512
+    together = packed(x)
+    for rows in (slice(0, 1), slice(0, 5), slice(3, 16), slice(0, 64), slice(550, 551)):
+        assert torch.equal(packed(x[rows]), together[rows]), f"rows {rows}"
+
+
 def test_project_add_fuses_for_packed_and_adds_for_plain() -> None:
     torch.manual_seed(1)
     linear = nn.Linear(8, 8)
