@@ -22,24 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../bf16.h"
 #include "../exp_poly.h"
 #include "pool_geometry.h"
 
 enum { PD_FLOAT32 = 0, PD_BFLOAT16 = 1 };
-
-static inline float bf16_to_f32(uint16_t bits) {
-    union { uint32_t u; float f; } v;
-    v.u = ((uint32_t)bits) << 16;
-    return v.f;
-}
-
-static inline uint16_t f32_to_bf16(float x) {
-    union { uint32_t u; float f; } v;
-    v.f = x;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN */
-    v.u += 0x7fffu + ((v.u >> 16) & 1u); /* round to nearest even */
-    return (uint16_t)(v.u >> 16);
-}
 
 /* Fold one block's n scores of a query row into its running softmax: scores become
  * exp(score - m) (the weights of the block's V rows); the max m, the sum l and the weighted
@@ -306,7 +293,7 @@ static inline void ordered_bf16(__m512 *x) {
  * positions. q: the rows' query vectors, unscaled (scale multiplies the scores); acc:
  * rows * 64 floats out (in VROW's order until the end); weights: G * 16 floats and sums:
  * rows vectors of scratch; m: rows floats. */
-#define DEFINE_LANE_SEQ(NAME, ELEM, DOTS16, VROW, ORDERED)                                             \
+#define DEFINE_LANE_SEQ(NAME, ELEM, DOTS16, VROW, ORDERED)                                \
     static void NAME(const Geometry *geo, const ELEM *pool, const int32_t *table, int64_t len, \
                      int64_t h0, int64_t nh, const ELEM *q, float scale, float *weights,       \
                      float *acc, float *m, __m512 *sums) {                                     \

@@ -18,7 +18,8 @@
  * rounded to bf16 once. On a CPU without AMX, where torch's bf16 flash kernel runs no faster
  * than its fp32 one, this is 1.9-3.0x faster than torch's (python -m bench.prefill_attention
  * --dtype bf16, Zen 4, 2026-11-26; with fp32 arithmetic on widened K and V, 1.1-2.0x;
- * with only the scores on vdpbf16ps, 1.6-2.3x).
+ * with only the scores on vdpbf16ps, 1.6-2.3x). Built without AVX-512 BF16 the kernel takes
+ * fp32 only (bf16 returns -2) and bf16 chunks stay on torch's kernel.
  *
  * Work items are (kv head, 16 query tokens). An item's query rows are its G = H / KVH query
  * heads times its 16 tokens, held transposed, tokens in the 16 lanes of a vector:
@@ -36,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../bf16.h"
 #include "../exp_poly.h"
 #include "pool_geometry.h"
 
@@ -172,34 +174,16 @@ static const ValuesBf16Fn VALUES_BF16[MAX_VECS + 1] = {0, values_bf16_1, values_
 #endif
 
 /* Scratch of one item, G vectors wide: qt and ot [D][G], s [STEP_KEYS][G], m, l, shrink [G];
- * and for a bf16 pool one step's V rows: with AVX-512 BF16 in pairs of keys, vp
- * [STEP_KEYS / 2][D] words (qt then holds qp, and s the weights' pairs once they are
- * computed); without it widened, with the K rows, [STEP_KEYS][K then V][D] floats. */
+ * and for a bf16 pool one step's V rows in pairs of keys, vp [STEP_KEYS / 2][D] words (qt
+ * then holds qp, and s the weights' pairs once they are computed). */
 typedef struct {
     v16 *qt, *ot, *s, *m, *l, *shrink;
-    float *widened;
+    uint32_t *vp;
 } Scratch;
 
-/* The element i of a tensor of fp32 (bf16 = 0) or bf16 values, as a float. */
-static inline float element(const void *base, int64_t i, int bf16) {
-    if (!bf16) return ((const float *)base)[i];
-    union { uint32_t u; float f; } bits = {(uint32_t)((const uint16_t *)base)[i] << 16};
-    return bits.f;
-}
-
-/* Stores x at element i, rounded to nearest even in bf16. */
-static inline void store_element(void *base, int64_t i, float x, int bf16) {
-    if (!bf16) {
-        ((float *)base)[i] = x;
-        return;
-    }
-    union { float f; uint32_t u; } bits = {x};
-    ((uint16_t *)base)[i] = (uint16_t)((bits.u + 0x7fffu + ((bits.u >> 16) & 1u)) >> 16);
-}
-
-/* The scores of n keys into w->s: K rows at keys[j], fp32, or with bf16_pairs bf16 (then
- * w->qt holds qp, and the sums are scaled here). */
-static void score_keys(const Geometry *geo, const void *const *keys, int bf16_pairs, int64_t n,
+/* The scores of n keys into w->s: K rows at keys[j], fp32, or bf16 (then w->qt holds qp,
+ * and the sums are scaled here). */
+static void score_keys(const Geometry *geo, const void *const *keys, int bf16, int64_t n,
                        Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     for (int64_t j0 = 0; j0 < n; j0 += KEY_TILE) {
@@ -207,13 +191,13 @@ static void score_keys(const Geometry *geo, const void *const *keys, int bf16_pa
         for (int64_t g0 = 0; g0 < G; g0 += MAX_VECS) {
             const int64_t nv = G - g0 < MAX_VECS ? G - g0 : MAX_VECS;
 #ifdef PP_BF16_PAIRS
-            if (bf16_pairs) {
+            if (bf16) {
                 SCORES_BF16[nv]((const uint16_t *const *)keys + j0, nk, (const __m512bh *)w->qt,
                                 G, g0, D / 2, 1.0f / sqrtf((float)D), w->s + j0 * G);
                 continue;
             }
 #endif
-            (void)bf16_pairs;
+            (void)bf16;
             SCORES[nv]((const float *const *)keys + j0, nk, w->qt, G, g0, D, w->s + j0 * G);
         }
     }
@@ -244,7 +228,7 @@ static void pair_weights(v16 *s, int64_t n, int64_t G) {
 /* Fold n keys (positions first .. first + n - 1, scores in w->s, V rows at values[j]) into
  * the item's running softmax and output: lane i of the item is the token at position
  * pos0 + i. */
-static void fold_keys(const Geometry *geo, const float *const *values, int bf16_pairs, int64_t n,
+static void fold_keys(const Geometry *geo, const float *const *values, int bf16, int64_t n,
                       int64_t first, int64_t pos0, Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     i16v lane_pos;
@@ -271,18 +255,18 @@ static void fold_keys(const Geometry *geo, const float *const *values, int bf16_
         w->shrink[g] = shrink;
     }
 #ifdef PP_BF16_PAIRS
-    if (bf16_pairs) {
+    if (bf16) {
         pair_weights(w->s, n, G);
         for (int64_t d0 = 0; d0 < D; d0 += 8)
             for (int64_t g0 = 0; g0 < G; g0 += MAX_VECS) {
                 const int64_t nv = G - g0 < MAX_VECS ? G - g0 : MAX_VECS;
-                VALUES_BF16[nv]((const uint32_t *)w->widened, D, (n + 1) / 2,
+                VALUES_BF16[nv](w->vp, D, (n + 1) / 2,
                                 (const __m512bh *)w->s, G, g0, d0, w->shrink, w->ot);
             }
         return;
     }
 #endif
-    (void)bf16_pairs;
+    (void)bf16;
     for (int64_t d0 = 0; d0 < D; d0 += 8)
         for (int64_t g0 = 0; g0 < G; g0 += MAX_VECS) {
             const int64_t nv = G - g0 < MAX_VECS ? G - g0 : MAX_VECS;
@@ -290,15 +274,8 @@ static void fold_keys(const Geometry *geo, const float *const *values, int bf16_
         }
 }
 
-#ifdef PP_BF16_PAIRS
-enum { BF16_PAIRS = 1 };
-#else
-enum { BF16_PAIRS = 0 };
-#endif
-
 /* The K and V rows of positions first .. first + n - 1: in place for an fp32 pool; for a
- * bf16 one, K in place and V in pairs of keys into w->widened (BF16_PAIRS), or both widened
- * there. */
+ * bf16 one, K in place and V in pairs of keys into w->vp. */
 static void step_rows(const Geometry *geo, const void *pool, int bf16, const int32_t *table,
                       int64_t h, int64_t first, int64_t n, const void **keys,
                       const float **values, Scratch *w) {
@@ -308,40 +285,31 @@ static void step_rows(const Geometry *geo, const void *pool, int bf16, const int
         const int64_t pos = first + j;
         const int64_t at = geo->layer_offset + h * D + table[pos / BS] * geo->block_stride +
                            pos % BS * geo->token_stride;
-        if (!bf16) {
-            keys[j] = (const float *)pool + at;
-            values[j] = (const float *)pool + at + geo->kv_stride;
-        } else if (BF16_PAIRS) {
+        if (bf16) {
             keys[j] = (const uint16_t *)pool + at;
             v_rows[j] = (const uint16_t *)pool + at + geo->kv_stride;
         } else {
-            float *row = w->widened + j * 2 * D;
-            for (int64_t d = 0; d < D; ++d) {
-                row[d] = element(pool, at + geo->kv_stride + d, 1);
-                row[D + d] = element(pool, at + d, 1);
-            }
-            values[j] = row;
-            keys[j] = row + D;
+            keys[j] = (const float *)pool + at;
+            values[j] = (const float *)pool + at + geo->kv_stride;
         }
     }
-    if (!bf16 || !BF16_PAIRS) return;
-    uint32_t *vp = (uint32_t *)w->widened;
+    if (!bf16) return;
     for (int64_t j2 = 0; j2 < (n + 1) / 2; ++j2) {
         const uint16_t *a = v_rows[2 * j2], *b = 2 * j2 + 1 < n ? v_rows[2 * j2 + 1] : NULL;
         for (int64_t d = 0; d < D; ++d)
-            vp[j2 * D + d] = (uint32_t)a[d] | (b ? (uint32_t)b[d] << 16 : 0u);
+            w->vp[j2 * D + d] = (uint32_t)a[d] | (b ? (uint32_t)b[d] << 16 : 0u);
     }
 }
 
-/* The item's queries: qt[d][g] = q * D^-1/2, tokens in lanes; or for bf16 with BF16_PAIRS,
- * qp[d / 2][g] = the unscaled bf16 pair (q[.][d], q[.][d + 1]) in each 32-bit lane. */
+/* The item's queries: qt[d][g] = q * D^-1/2, tokens in lanes; for bf16, qp[d / 2][g] = the
+ * unscaled bf16 pair (q[.][d], q[.][d + 1]) in each 32-bit lane. */
 static void load_queries(const Geometry *geo, const void *q, int64_t q_stride, int bf16,
                          int64_t h, int64_t t0, int64_t live, Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     const float scale = 1.0f / sqrtf((float)D);
     for (int64_t g = 0; g < G; ++g) {
         const int64_t head = (h * G + g) * D;
-        if (bf16 && BF16_PAIRS) {
+        if (bf16) {
             const uint16_t *q16 = q;
             for (int64_t d = 0; d < D / 2; ++d) {
                 i16v pairs = (i16v){0};
@@ -353,10 +321,10 @@ static void load_queries(const Geometry *geo, const void *q, int64_t q_stride, i
             }
             continue;
         }
+        const float *q32 = q;
         for (int64_t d = 0; d < D; ++d) {
             v16 x = (v16){0};
-            for (int64_t i = 0; i < live; ++i)
-                x[i] = element(q, (t0 + i) * q_stride + head + d, bf16) * scale;
+            for (int64_t i = 0; i < live; ++i) x[i] = q32[(t0 + i) * q_stride + head + d] * scale;
             w->qt[d * G + g] = x;
         }
     }
@@ -380,33 +348,41 @@ static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64
     for (int64_t first = 0; first < keys_end; first += STEP_KEYS) {
         const int64_t n_keys = keys_end - first < STEP_KEYS ? keys_end - first : STEP_KEYS;
         step_rows(geo, pool, bf16, table, h, first, n_keys, keys, values, w);
-        score_keys(geo, keys, bf16 && BF16_PAIRS, n_keys, w);
-        fold_keys(geo, values, bf16 && BF16_PAIRS, n_keys, first, pos0, w);
+        score_keys(geo, keys, bf16, n_keys, w);
+        fold_keys(geo, values, bf16, n_keys, first, pos0, w);
     }
     for (int64_t g = 0; g < G; ++g) {
         const v16 inv = 1.0f / w->l[g];
         const int64_t head = (h * G + g) * D;
         for (int64_t d = 0; d < D; ++d) {
             const v16 x = w->ot[d * G + g] * inv;
-            for (int64_t i = 0; i < live; ++i)
-                store_element(out, (t0 + i) * out_stride + head + d, x[i], bf16);
+            for (int64_t i = 0; i < live; ++i) {
+                const int64_t at = (t0 + i) * out_stride + head + d;
+                if (bf16)
+                    ((uint16_t *)out)[at] = f32_to_bf16(x[i]);
+                else
+                    ((float *)out)[at] = x[i];
+            }
         }
     }
 }
 
 /* out[t][h][:] for the chunk's n tokens (rows out_stride apart; q rows q_stride apart, heads
  * of D values side by side); q, pool and out all fp32 (bf16 = 0) or all bf16. table: the
- * sequence's block ids, covering start + n positions. Returns 0, or -1 when scratch could
- * not be allocated. */
+ * sequence's block ids, covering start + n positions. Returns 0; -1 when scratch could not
+ * be allocated; -2 for bf16 in a build without AVX-512 BF16. */
 int pdserve_paged_prefill(const void *q, int64_t q_stride, int64_t n, int64_t start,
                           const void *pool, const int32_t *table, void *out, int64_t out_stride,
                           int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t num_layers,
                           int64_t block_size, int64_t layer, int bf16, int num_threads) {
+#ifndef PP_BF16_PAIRS
+    if (bf16) return -2;
+#endif
     const Geometry geo = pool_geometry(heads, kv_heads, head_dim, num_layers, block_size, layer);
     const int64_t G = heads / kv_heads, items_per_head = (n + LANES - 1) / LANES;
     const int64_t items = items_per_head * kv_heads;
     const size_t vec_floats = (size_t)((2 * head_dim + STEP_KEYS + 3) * G) * LANES;
-    const size_t floats = vec_floats + (size_t)(bf16 ? STEP_KEYS * 2 * head_dim : 0);
+    const size_t floats = vec_floats + (size_t)(bf16 ? STEP_KEYS / 2 * head_dim : 0);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1 && items > 1)
     {
@@ -419,7 +395,7 @@ int pdserve_paged_prefill(const void *q, int64_t q_stride, int64_t n, int64_t st
                          buffer + (2 * head_dim + STEP_KEYS) * G,
                          buffer + (2 * head_dim + STEP_KEYS + 1) * G,
                          buffer + (2 * head_dim + STEP_KEYS + 2) * G,
-                         (float *)buffer + vec_floats};
+                         (uint32_t *)buffer + vec_floats};
             /* the last tokens attend to the most positions: hand those out first */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < items; ++item) {

@@ -39,8 +39,10 @@ class PagedPrefillKernel:
 
     @staticmethod
     def handles(q: torch.Tensor) -> bool:
-        """fp32 or bf16 queries with a head_dim the kernel's 8-wide output tiles divide."""
-        return q.dtype in (torch.float32, torch.bfloat16) and q.shape[-1] % 8 == 0
+        """fp32 queries, or bf16 ones where the CPU has AVX-512 BF16 (the kernel's bf16 path
+        is vdpbf16ps), with a head_dim the kernel's 8-wide output tiles divide."""
+        bf16_here = q.dtype == torch.bfloat16 and "avx512_bf16" in cpu_flags()
+        return (q.dtype == torch.float32 or bf16_here) and q.shape[-1] % 8 == 0
 
     @classmethod
     def preferred_for(cls, q: torch.Tensor) -> bool:
@@ -74,6 +76,7 @@ class PagedPrefillKernel:
             out.data_ptr(), out.stride(0), num_heads, kv_heads, head_dim, num_layers,
             block_size, layer_idx, int(q.dtype == torch.bfloat16), torch.get_num_threads(),
         )  # fmt: skip
+        assert status != -2, "bf16 prefill in a build without AVX-512 BF16: see handles()"
         if status != 0:
             raise MemoryError(f"paged prefill kernel could not allocate scratch (status {status})")
 

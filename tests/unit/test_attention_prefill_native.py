@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
+import engine.attention.paged_prefill as paged_prefill
 from engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
-from engine.native_build import cpu_flags
 
 LAYERS = 3
 
@@ -106,6 +106,8 @@ def test_bf16_within_its_rounding_of_the_exact_result(
     # summed in fp32 and, as GPU flash attention does, the softmax weights are rounded to
     # bf16 for the weighted sum of V (sums in fp32): each weight is then off by at most
     # 2^-9 of itself, so the output by at most 2^-9 max|V|, plus its own rounding, once.
+    if not PagedPrefillKernel.handles(torch.zeros(1, 9, 64, dtype=torch.bfloat16)):
+        pytest.skip("no AVX-512 BF16 here: bf16 chunks stay on torch's kernel")
     pool, table, q = make_case(start, n, heads=9, kv_heads=3, head_dim=64, block=16, seed=n)
     pool, q = pool.to(torch.bfloat16), q.to(torch.bfloat16)
     out = run(kernel, pool, table, q, start, layer=1)
@@ -117,15 +119,21 @@ def test_bf16_within_its_rounding_of_the_exact_result(
     torch.testing.assert_close(out.float(), fp32, atol=weights_error, rtol=2**-8)
 
 
-def test_handles_fp32_and_bf16_with_head_dim_a_multiple_of_8() -> None:
-    assert PagedPrefillKernel.handles(torch.zeros(2, 9, 64))
-    assert PagedPrefillKernel.handles(torch.zeros(2, 9, 64, dtype=torch.bfloat16))
-    assert not PagedPrefillKernel.handles(torch.zeros(2, 9, 64, dtype=torch.float16))
-    assert not PagedPrefillKernel.handles(torch.zeros(2, 9, 60))
-
-
-def test_bf16_chunks_take_torch_flash_kernel_only_where_amx_runs_it() -> None:
+@pytest.mark.parametrize(
+    ("flags", "bf16_handled", "bf16_preferred"),
+    [
+        (frozenset({"avx512_bf16"}), True, True),  # Zen 4: our vdpbf16ps path
+        (frozenset({"avx512_bf16", "amx_bf16"}), True, False),  # AMX: torch's kernel on tiles
+        (frozenset({"avx512f"}), False, False),  # no bf16 instructions: torch's kernel
+    ],
+)
+def test_which_chunks_take_this_kernel(
+    monkeypatch: pytest.MonkeyPatch, flags: frozenset[str], bf16_handled: bool, bf16_preferred: bool
+) -> None:
+    monkeypatch.setattr(paged_prefill, "cpu_flags", lambda: flags)
     bf16 = torch.zeros(2, 9, 64, dtype=torch.bfloat16)
-    assert PagedPrefillKernel.preferred_for(torch.zeros(2, 9, 64))
-    assert PagedPrefillKernel.preferred_for(bf16) == ("amx_bf16" not in cpu_flags())
-    assert not PagedPrefillKernel.preferred_for(torch.zeros(2, 9, 60))
+    assert PagedPrefillKernel.handles(bf16) == bf16_handled
+    assert PagedPrefillKernel.preferred_for(bf16) == bf16_preferred
+    assert PagedPrefillKernel.preferred_for(torch.zeros(2, 9, 64)), "fp32 always"
+    assert not PagedPrefillKernel.handles(torch.zeros(2, 9, 60)), "head_dim not a multiple of 8"
+    assert not PagedPrefillKernel.handles(torch.zeros(2, 9, 64, dtype=torch.float16))
