@@ -222,7 +222,9 @@ def test_redis_killed_then_restarted_degrades_to_load_routing_and_recovers(
 def test_scale_down_drains_a_busy_decode_worker_and_scale_up_adds_one(
     up: UpProcess, reference: Any, rds: Redis
 ) -> None:
-    long_tokens = 96
+    # Long enough that both requests are seen running at once in the workers' published
+    # loads: with 96 tokens, one full-suite run out of four timed out waiting for that.
+    long_tokens = 192
     prompts = [reference.tokenizer.encode(p) for p in PROMPTS[:2]]
     with ThreadPoolExecutor(2) as pool:
         # Two long requests at once, on different decode workers (consecutive round-robin
