@@ -68,11 +68,17 @@ def built_library(source: Path, cflags: tuple[str, ...]) -> Path:
     return target
 
 
-def _local_headers(source: Path) -> bytes:
-    """The text of the headers ``source`` includes with quotes (ours, found relative to it),
-    so that editing a shared header rebuilds every library that includes it."""
+def _local_headers(source: Path, seen: frozenset[Path] = frozenset()) -> bytes:
+    """The text of the headers ``source`` includes with quotes (ours, found relative to the
+    file that includes them), and of those they include, so that editing a shared header
+    rebuilds every library that includes it, directly or not."""
     names = re.findall(rb'^#include "([^"]+)"', source.read_bytes(), flags=re.MULTILINE)
-    return b"".join((source.parent / name.decode()).read_bytes() for name in names)
+    text = b""
+    for name in names:
+        header = (source.parent / name.decode()).resolve()
+        if header not in seen:  # include guards let headers include each other
+            text += header.read_bytes() + _local_headers(header, seen | {header})
+    return text
 
 
 def _compile(compiler: str, source: Path, cflags: tuple[str, ...], output: str) -> None:

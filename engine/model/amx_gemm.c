@@ -137,7 +137,8 @@ void pdserve_amx_linear(const uint16_t *x, int64_t x_stride, int64_t rows, int64
                         const uint16_t *packed, int64_t n, const uint16_t *bias, int op,
                         const uint16_t *other, int64_t other_stride, uint16_t *y,
                         int64_t y_stride, int num_threads) {
-    const Epilogue ep = {bias, other, other_stride, op};
+    /* stream 0: streaming stores (stream_store.h) were measured on Zen 4 only; no AMX here */
+    const Epilogue ep = {bias, other, other_stride, op, 0};
     const int64_t panels = (n + PANEL - 1) / PANEL, panel_lines = k * PANEL * 2 / 64;
     const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
     const int64_t share = (panel_lines + tiles - 1) / tiles; /* lines of the next panel */

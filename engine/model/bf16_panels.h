@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "../exp_poly.h"
+#include "stream_store.h"
 
 enum { PANEL = 32 };
 enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3, OP_SWIGLU = 4 };
@@ -37,6 +38,7 @@ typedef struct {
     const uint16_t *other; /* [rows][n], other_stride apart, for OP_MUL / OP_ADD */
     int64_t other_stride;
     int op;
+    int stream; /* write whole output lines around the caches (stream_store.h) */
 } Epilogue;
 
 #if defined(__AVX512BF16__)
@@ -79,7 +81,10 @@ static inline void finish_row(v16 lo, v16 hi, const Epilogue *ep, int64_t row, i
         hi += load_bf16(other + 16, live_hi);
     }
     const __m512bh out = _mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo);
-    _mm512_mask_storeu_epi16(y, (__mmask32)live, (__m512i)out);
+    if (ep->stream && live == UINT32_MAX && whole_line(y))
+        _mm512_stream_si512((__m512i *)y, (__m512i)out);
+    else
+        _mm512_mask_storeu_epi16(y, (__mmask32)live, (__m512i)out);
 }
 #endif
 

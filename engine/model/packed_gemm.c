@@ -23,6 +23,7 @@
 
 #include "../exp_poly.h"
 #include "panel_prefetch.h"
+#include "stream_store.h"
 
 enum { PANEL = 32, MAX_ROWS = 8, ROW_BLOCK = 512, PREFETCH_TILES = 16 };
 enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3, OP_SWIGLU = 4 };
@@ -51,6 +52,7 @@ typedef struct {
     const float *other; /* [rows][n], other_stride apart, for OP_MUL / OP_ADD */
     int64_t other_stride;
     int op;
+    int stream; /* write whole output lines around the caches (stream_store.h) */
 } Epilogue;
 
 /* The first n (< 16: the rest are 0) or 16 floats at src; and the store of as many. */
@@ -68,6 +70,17 @@ static inline void store_part(float *dst, v16 v, int64_t n) {
         memcpy(dst, &v, (size_t)n * sizeof(float));
 }
 
+/* store_part, streamed when the epilogue says so and the 16 floats are a whole line */
+static inline void store_out(float *dst, v16 v, int64_t n, const Epilogue *ep) {
+#ifdef __AVX512F__
+    if (ep->stream && n >= 16 && whole_line(dst)) {
+        _mm512_stream_ps(dst, (__m512)v);
+        return;
+    }
+#endif
+    store_part(dst, v, n);
+}
+
 static inline v16 silu(v16 v) { return v / (1.0f + exp_poly_v16(-v)); }
 
 /* acc + bias, then the op, stored to y's columns [col, col + count). Vector code: as loops
@@ -80,7 +93,7 @@ static inline void finish_row(v16 lo, v16 hi, const Epilogue *ep, int64_t row, i
     }
     const float *other = ep->other ? ep->other + row * ep->other_stride + col : NULL;
     if (ep->op == OP_SWIGLU) { /* 16 gate columns, then the same 16 of up */
-        store_part(y, silu(lo) * hi, count / 2);
+        store_out(y, silu(lo) * hi, count / 2, ep);
         return;
     }
     if (ep->op == OP_SILU) {
@@ -93,8 +106,8 @@ static inline void finish_row(v16 lo, v16 hi, const Epilogue *ep, int64_t row, i
         lo += load_part(other, count);
         hi += load_part(other + 16, count - 16);
     }
-    store_part(y, lo, count);
-    store_part(y + 16, hi, count - 16);
+    store_out(y, lo, count, ep);
+    store_out(y + 16, hi, count - 16, ep);
 }
 
 /* One k step of a tile: the panel's row i (prefetching 1 KB ahead) times x's column i. */
@@ -151,11 +164,14 @@ void pdserve_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
                     const float *packed, int64_t n, const float *bias, int op,
                     const float *other, int64_t other_stride, float *y, int64_t y_stride,
                     int num_threads) {
-    const Epilogue ep = {bias, other, other_stride, op};
+    const int64_t width = op == OP_SWIGLU ? n / 2 : n;
+    const Epilogue ep = {bias, other, other_stride, op, streams_output(rows, width, 4)};
     const int64_t panels = (n + PANEL - 1) / PANEL;
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < rows ? r0 + ROW_BLOCK : rows;
-#pragma omp parallel for num_threads(num_threads) if (num_threads > 1) schedule(static)
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+        {
+#pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; ++p) {
             const int64_t col = p * PANEL, count = n - col < PANEL ? n - col : PANEL;
             for (int64_t r = r0; r < r1; r += MAX_ROWS) {
@@ -169,6 +185,8 @@ void pdserve_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
                 TILES[mr](x + r * x_stride, x_stride, packed + p * k * PANEL, k, &next, &ep, r,
                           col, count, y + r * y_stride + y_col, y_stride);
             }
+        }
+        if (ep.stream) stream_fence();
         }
     }
 }

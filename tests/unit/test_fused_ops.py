@@ -85,16 +85,20 @@ def test_without_a_compiler_the_loader_reports_and_returns_none(
 def test_a_shared_header_is_part_of_the_build_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Editing a header a source includes must build a new library, not load the old one."""
+    """Editing a header a source includes, directly or through another header, must build a
+    new library, not load the old one."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here: nothing is built")
     monkeypatch.setattr(native_build, "cache_dir", lambda: tmp_path)
     (tmp_path / "one.h").write_text("static int one(void) { return 1; }\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "two.h").write_text('#include "../one.h"\n#define TWO (2 * one())\n')
     source = tmp_path / "lib.c"
-    source.write_text('#include "one.h"\nint value(void) { return one(); }\n')
+    source.write_text('#include "sub/two.h"\nint value(void) { return TWO; }\n')
     cflags = ("-O1", "-fPIC", "-shared")
     first = native_build.built_library(source, cflags)
+    assert ctypes.CDLL(str(first)).value() == 2
     (tmp_path / "one.h").write_text("static int one(void) { return 2; }\n")
     second = native_build.built_library(source, cflags)
     assert first != second
-    assert ctypes.CDLL(str(second)).value() == 2
+    assert ctypes.CDLL(str(second)).value() == 4

@@ -17,7 +17,7 @@ from engine.attention import get_backend, layout_chunks, token_positions
 from engine.host_memory import advise_huge_pages, keep_freed_memory
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
-from engine.model.packed_gemm import gemm_for, load_packed_gemm
+from engine.model.packed_gemm import gemm_for, load_packed_gemm, swiglu_rows
 from engine.model.packed_linear import PackedLinear, PackedMLP, can_pack, project_add
 from engine.runner import allocate_kv_cache, kv_cache_shape
 from engine.scheduler.plan import ScheduledChunk
@@ -130,6 +130,33 @@ def test_our_gemms_give_a_row_the_same_bits_in_any_batch(dtype: torch.dtype) -> 
     together = packed(x)
     for rows in (slice(0, 1), slice(0, 5), slice(3, 16), slice(0, 64), slice(550, 551)):
         assert torch.equal(packed(x[rows]), together[rows]), f"rows {rows}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_outputs_too_big_for_the_caches_stream_out_the_same_bits(dtype: torch.dtype) -> None:
+    # Outputs of 2 MiB or more go out with non-temporal stores (stream_store.h), smaller ones
+    # through the caches: the same sums either way. 1,040 columns: 32 whole panels and one of
+    # 16 (a partial line, never streamed); bf16 rows 2,080 bytes, so every other row is not
+    # line-aligned and takes plain stores.
+    if not ours_packs(dtype, 64, "native"):
+        pytest.skip(f"no native {dtype} GEMM here: nothing of ours to check")
+    gen = torch.Generator().manual_seed(11)
+    gate, up = torch.randn(2, 1040, 64, generator=gen).to(dtype)
+    packed, swiglu = PackedLinear(gate, None), PackedLinear(swiglu_rows(gate, up), None)
+    x = torch.randn(1100, 64, generator=gen).to(dtype)
+    other = torch.randn(1100, 1040, generator=gen).to(dtype)
+    runs = {
+        "none": lambda rows: packed(x[rows]),  # 1,100 rows: 4.6 MB (fp32), 2.3 MB (bf16)
+        "add": lambda rows: packed.forward_binary(x[rows], other[rows], "add"),
+        "swiglu": lambda rows: swiglu(x[rows], activation="swiglu"),  # fp32 2.3 MB
+    }
+    for name, run in runs.items():
+        streamed = run(slice(None))
+        for rows in (slice(0, 64), slice(501, 530), slice(1090, 1100)):
+            assert torch.equal(run(rows), streamed[rows]), f"{name}, rows {rows}"
+    expected = F.linear(x.double(), gate.double())
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(runs["none"](slice(None)).double(), expected, atol=tol * 4, rtol=tol)
 
 
 def test_project_add_fuses_for_packed_and_adds_for_plain() -> None:
