@@ -22,6 +22,7 @@ import ctypes.util
 import functools
 import logging
 import sys
+from collections.abc import Sequence
 
 import torch
 
@@ -55,6 +56,35 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
     return True
 
 
+def on_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of the CPU ``tensors`` side by side (64-byte aligned) in one fresh buffer
+    advised onto huge pages before it is written: for weights that every step reads front to
+    back, too many and too small each for a 2 MiB page of their own. The originals are left
+    to the caller to drop (see :func:`release_free_heap`)."""
+    starts, end = [], 0
+    for tensor in tensors:
+        starts.append(end)
+        end += -(-tensor.numel() * tensor.element_size() // 64) * 64
+    buffer = torch.empty(end, dtype=torch.uint8)
+    advise_huge_pages(buffer)
+    copies = []
+    for tensor, start in zip(tensors, starts, strict=True):
+        nbytes = tensor.numel() * tensor.element_size()
+        copy = buffer[start : start + nbytes].view(tensor.dtype).view(tensor.shape)
+        copies.append(copy.copy_(tensor))
+    return copies
+
+
+def release_free_heap() -> bool:
+    """Give the heap's free pages back to the OS now (glibc's ``malloc_trim``), e.g. after
+    replacing hundreds of megabytes of weights: the heap that keeps freed memory would keep
+    those too. True when glibc released some."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "malloc_trim"):
+        return False
+    return bool(libc.malloc_trim(0))
+
+
 @functools.cache
 def keep_freed_memory() -> bool:
     """Serve allocations up to 32 MiB from the heap and keep up to 1 GiB of it free, so the
@@ -85,4 +115,7 @@ def _libc() -> ctypes.CDLL | None:
     if hasattr(libc, "mallopt"):  # glibc's; musl has none
         libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
         libc.mallopt.restype = ctypes.c_int
+    if hasattr(libc, "malloc_trim"):  # glibc's too
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
     return libc

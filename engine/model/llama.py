@@ -25,9 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionMetadata
+from engine.host_memory import release_free_heap
 from engine.model.config import ModelConfig
 from engine.model.fused_ops import fused_ops
-from engine.model.packed_linear import PackedLinear, PackedMLP, project_add
+from engine.model.packed_linear import PackedLinear, PackedMLP, gather_on_huge_pages, project_add
 from engine.model.rope import RotaryEmbedding, apply_rope, rope_inv_freq
 
 
@@ -177,11 +178,13 @@ class LlamaModel(nn.Module):
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
         elif isinstance(self.lm_head, nn.Linear):
             self.lm_head = PackedLinear(self.lm_head.weight, None)
+        gather_on_huge_pages(self)
         # Loaded weights may be views of one memory-mapped file: while any of them (the
         # embedding, the norms) lives, the whole mapping stays, and every page packing read
         # stays resident (+425 MB RSS for SmolLM2 in fp32). Private copies release it.
         for param in self.parameters():
             param.data = param.data.clone()
+        release_free_heap()  # the packed weights' first copies, freed to a heap that keeps
 
     @torch.inference_mode()
     def forward(

@@ -7,13 +7,16 @@ layout the GEMM reads front to back, the weights serve every ``T``:
 
 - fp32: our own GEMM (``engine/model/packed_gemm.c``), 1.15-1.40x faster than oneDNN's packed
   fp32 GEMM for 1-64 rows, level to 9% slower from 256 rows up (SmolLM2's layer linears,
-  two threads, ``python -m bench.packed_gemm``); oneDNN when it cannot be built.
+  two threads, ``python -m bench.packed_gemm``), level at 2,048 since outputs of 2 MiB or
+  more are streamed (``stream_store.h``: 0.95-0.96x before, 1.00x after, 2026-11-26);
+  oneDNN when it cannot be built.
 - bf16: our own AMX GEMM (``engine/model/amx_gemm.c``) where the CPU has AMX and the input
   size is a multiple of 32; else our own AVX-512 BF16 GEMM (``avx512_bf16_gemm.c``) where
   the CPU has AVX-512 BF16 and the input size is even: on a Zen 4, 1.14-1.53x faster than
-  oneDNN's for 1-64 rows, level at 128-256, 0.95x at 2,048 (``python -m bench.packed_gemm
-  --dtype bf16``, 2026-11-26), and batch-invariant (with oneDNN's, the engine's bf16
-  tokens depended on the batch); oneDNN otherwise.
+  oneDNN's for 1-64 rows, level at 128-256, 0.99x at 2,048 with big outputs streamed
+  (0.94-0.95x before; ``python -m bench.packed_gemm --dtype bf16``, 2026-11-26), and
+  batch-invariant (with oneDNN's, the engine's bf16 tokens depended on the batch); oneDNN
+  otherwise.
 
 All apply an element-wise op to the GEMM result before storing it (a "post-op"), which
 saves the separate passes over the activations for SiLU, the gate product and the residual
@@ -29,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.host_memory import on_huge_pages
 from engine.model.packed_gemm import SWIGLU_GROUP, PackedGemm, gemm_for, swiglu_rows
 
 
@@ -110,6 +114,20 @@ class PackedMLP(nn.Module):
             gate = self.gate(x, activation="swish")  # [T, intermediate]
             hidden = self.up.forward_binary(x, gate, "mul")
         return self.down.forward_binary(hidden, residual, "add")
+
+
+def gather_on_huge_pages(model: nn.Module) -> None:
+    """Move the weights our GEMMs packed in ``model`` side by side onto huge pages.
+
+    A decode step reads every weight once, front to back, a few rows at a time: on 4 KiB
+    pages each 4 KiB costs a TLB miss, and the CPU's prefetchers stop at every page's end.
+    On huge pages our bf16 GEMM over SmolLM2's 30 layers ran 5-14% faster at 8-32 rows
+    (Zen 4, two threads, 2026-11-26). oneDNN's packed weights stay where they are.
+    """
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear) and m._gemm is not None]
+    moved = on_huge_pages([linear.packed_weight for linear in linears])
+    for linear, weight in zip(linears, moved, strict=True):
+        linear.packed_weight = weight
 
 
 def native_gemm(weight: torch.Tensor) -> PackedGemm | None:

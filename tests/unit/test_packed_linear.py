@@ -14,7 +14,12 @@ from torch import nn
 import engine.model.packed_gemm as packed_gemm
 import engine.model.packed_linear as packed_linear
 from engine.attention import get_backend, layout_chunks, token_positions
-from engine.host_memory import advise_huge_pages, keep_freed_memory
+from engine.host_memory import (
+    advise_huge_pages,
+    keep_freed_memory,
+    on_huge_pages,
+    release_free_heap,
+)
 from engine.model.config import ModelConfig
 from engine.model.llama import LlamaModel
 from engine.model.packed_gemm import gemm_for, load_packed_gemm, swiglu_rows
@@ -225,6 +230,21 @@ def test_packing_a_model_keeps_its_logits_and_is_idempotent() -> None:
     model.pack_linears()  # again: nothing changes
     assert list(model.modules()) == layers
     assert torch.equal(model.embed_tokens.weight, embedding), "the lookup table is untouched"
+    ours = [m.packed_weight for m in layers if isinstance(m, PackedLinear) and m._gemm]
+    if ours:  # our GEMMs' weights were gathered into one buffer (on huge pages)
+        assert len({w.untyped_storage().data_ptr() for w in ours}) == 1
+
+
+def test_tensors_gathered_onto_huge_pages_keep_their_values_side_by_side() -> None:
+    tensors = [torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.arange(9).int()]
+    copies = on_huge_pages(tensors)
+    for tensor, copy in zip(tensors, copies, strict=True):
+        assert torch.equal(copy, tensor) and copy.shape == tensor.shape
+        assert copy.is_contiguous() and copy.data_ptr() % 64 == 0
+        assert copy.data_ptr() != tensor.data_ptr()
+    assert len({c.untyped_storage().data_ptr() for c in copies}) == 1, "one buffer"
+    release_free_heap()  # True or False (not glibc): either way the copies stay intact
+    assert all(torch.equal(c, t) for c, t in zip(copies, tensors, strict=True))
 
 
 def test_kv_pool_is_zeroed_with_the_contract_shape() -> None:
