@@ -1,6 +1,7 @@
 """Our packed GEMM against oneDNN's packed GEMM, side by side.
 
     python -m bench.packed_gemm [--dtype fp32|bf16] [--rows 1,16,64,2048] [--layers 30]
+                                [--huge-pages]
 
 For each row count, one pass over SmolLM2's layer linears (per layer: qkv 576 -> 960, o
 576 -> 576, gate and up 576 -> 1536, down 1536 -> 576; random weights packed once by each
@@ -8,6 +9,8 @@ GEMM), best of ``--repeats`` passes: milliseconds, GFLOP/s and the ratio. Decode
 these on 1-64 rows, prefill chunks on up to the token budget (2,048 by default). Ours is
 ``packed_gemm.c`` in fp32; in bf16 ``amx_gemm.c`` (AMX) or ``avx512_bf16_gemm.c`` (AVX-512
 BF16 without AMX). The heap keeps freed memory, as in the engine (``engine/host_memory.py``).
+``--huge-pages`` puts our packed weights side by side on huge pages, as the engine does after
+packing (``gather_on_huge_pages``); without it they sit on the 4 KiB pages of the heap.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from bench.baselines_hf import TORCH_DTYPES
 from bench.fused_ops import time_per_call_us
-from engine.host_memory import keep_freed_memory
+from engine.host_memory import keep_freed_memory, on_huge_pages
 from engine.model.packed_gemm import PackedGemm, gemm_for
 
 LAYER_SHAPES = ((576, 960), (576, 576), (576, 1536), (576, 1536), (1536, 576))  # (in, out)
@@ -56,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.randn(out, inp).to(dtype) for _ in range(args.layers) for inp, out in LAYER_SHAPES
     ]
     ours = [gemm.pack(w) for w in weights]
+    if args.huge_pages:
+        ours = on_huge_pages(ours)
     onednn = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
     flops_per_row = 2 * sum(w.numel() for w in weights)
     print(f"{'rows':>5s} {'oneDNN ms':>10s} {'ours ms':>8s} {'oneDNN GFLOP/s':>15s} "
@@ -69,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         rate = rows * flops_per_row / 1e6
         print(f"{rows:5d} {before_ms:10.1f} {after_ms:8.1f} {rate / before_ms:15.0f} "
               f"{rate / after_ms:13.0f} {before_ms / after_ms:5.2f}x")  # fmt: skip
-    print(f"{args.layers} layers, {args.dtype}, {torch.get_num_threads()} torch threads")
+    pages = "ours on huge pages" if args.huge_pages else "ours on 4 KiB pages"
+    print(f"{args.layers} layers, {args.dtype}, {torch.get_num_threads()} torch threads, {pages}")
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -80,6 +86,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(TORCH_DTYPES), default="fp32")
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--huge-pages", action="store_true", help="ours on huge pages")
     return parser.parse_args(argv)
 
 

@@ -121,8 +121,11 @@ def gather_on_huge_pages(model: nn.Module) -> None:
 
     A decode step reads every weight once, front to back, a few rows at a time: on 4 KiB
     pages each 4 KiB costs a TLB miss, and the CPU's prefetchers stop at every page's end.
-    On huge pages our bf16 GEMM over SmolLM2's 30 layers ran 5-14% faster at 8-32 rows
-    (Zen 4, two threads, 2026-11-26). oneDNN's packed weights stay where they are.
+    Measured gain (Zen 4, two threads, 2026-11-26, ``python -m bench.packed_gemm --dtype
+    bf16 [--huge-pages]``, alternating): 4-7% at 1-32 rows in one pair of runs, none beyond
+    noise in the other; a stand-alone C loop over the same GEMMs, 3-10% at 8-32 rows. The
+    KV pool gained 7-9% the same way (``engine/host_memory.py``). oneDNN's packed weights
+    stay where they are.
     """
     linears = [m for m in model.modules() if isinstance(m, PackedLinear) and m._gemm is not None]
     moved = on_huge_pages([linear.packed_weight for linear in linears])
