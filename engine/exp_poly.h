@@ -60,8 +60,8 @@ static inline v16 exp_poly_v16(v16 x) {
 
 /* exp_poly on 16 lanes for x <= 0 (softmax weights), the same polynomial in AVX-512
  * intrinsics: roundscale and scalef do in one op each what exp_poly_v16 spells out, and the
- * clamp is a single max (the generic vector code compiled to compare-and-blend sequences;
- * in the prefill kernel's softmax this form ran 1.2x faster, 2026-11-26). */
+ * clamp is a single max (the generic vector code compiled to compare-and-blend sequences).
+ * The decode kernel's lanes and the prefill kernel's softmax_keys use it. */
 static inline __m512 exp_nonpositive16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     const __m512 n = _mm512_roundscale_ps(
