@@ -100,9 +100,7 @@ void pdserve_avx512_bf16_linear(const uint16_t *x, int64_t x_stride, int64_t row
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < rows ? r0 + ROW_BLOCK : rows;
         const int64_t tiles = (r1 - r0 + MAX_ROWS - 1) / MAX_ROWS;
-#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
-        {
-#pragma omp for schedule(static)
+#pragma omp parallel for num_threads(num_threads) if (num_threads > 1) schedule(static)
         for (int64_t p = 0; p < panels; ++p) {
             const int64_t col = p * PANEL, count = n - col < PANEL ? n - col : PANEL;
             const uint16_t *panel = packed + p * k * PANEL;
@@ -115,8 +113,7 @@ void pdserve_avx512_bf16_linear(const uint16_t *x, int64_t x_stride, int64_t row
                 TILES[mr](x + r * x_stride, x_stride, panel, steps, &next, &ep, r, col, count,
                           y + r * y_stride + y_col, y_stride);
             }
-        }
-        if (ep.stream) stream_fence();
+            if (ep.stream) stream_fence(); /* this thread's streamed lines, before the join */
         }
     }
 }

@@ -169,9 +169,7 @@ void pdserve_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
     const int64_t panels = (n + PANEL - 1) / PANEL;
     for (int64_t r0 = 0; r0 < rows; r0 += ROW_BLOCK) {
         const int64_t r1 = r0 + ROW_BLOCK < rows ? r0 + ROW_BLOCK : rows;
-#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
-        {
-#pragma omp for schedule(static)
+#pragma omp parallel for num_threads(num_threads) if (num_threads > 1) schedule(static)
         for (int64_t p = 0; p < panels; ++p) {
             const int64_t col = p * PANEL, count = n - col < PANEL ? n - col : PANEL;
             for (int64_t r = r0; r < r1; r += MAX_ROWS) {
@@ -185,8 +183,7 @@ void pdserve_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
                 TILES[mr](x + r * x_stride, x_stride, packed + p * k * PANEL, k, &next, &ep, r,
                           col, count, y + r * y_stride + y_col, y_stride);
             }
-        }
-        if (ep.stream) stream_fence();
+            if (ep.stream) stream_fence(); /* this thread's streamed lines, before the join */
         }
     }
 }

@@ -12,8 +12,9 @@
  * line, and stays cached (staging panel pairs to stream whole lines measured no faster: the
  * 2,048-row gate/up GEMM ran at 416 GFLOP/s either way).
  *
- * Non-temporal stores are weakly ordered: each thread that may have issued them runs
- * stream_fence() before the GEMM returns (and before its threads join).
+ * Non-temporal stores are weakly ordered: a thread that issued them runs stream_fence()
+ * after each panel it wrote, so its last lines are ordered before its threads join (one
+ * sfence a panel: a few dozen a GEMM).
  */
 #ifndef PDSERVE_STREAM_STORE_H
 #define PDSERVE_STREAM_STORE_H
