@@ -122,8 +122,8 @@ def gather_on_huge_pages(model: nn.Module) -> None:
     A decode step reads every weight once, front to back, a few rows at a time: on 4 KiB
     pages each 4 KiB costs a TLB miss, and the CPU's prefetchers stop at every page's end.
     Measured gain (Zen 4, two threads, 2026-11-26, ``python -m bench.packed_gemm --dtype
-    bf16 [--huge-pages]``, alternating): 4-7% at 1-32 rows in one pair of runs, none beyond
-    noise in the other; a stand-alone C loop over the same GEMMs, 3-10% at 8-32 rows. The
+    bf16 [--huge-pages]``, alternating): 4-7% at 1-32 rows in one pair of runs; in the other
+    level at 1-32 rows, 5% at 48; a stand-alone C loop over the same GEMMs, 3-10% at 8-32. The
     KV pool gained 7-9% the same way (``engine/host_memory.py``). oneDNN's packed weights
     stay where they are.
     """
