@@ -119,7 +119,10 @@ class CpuAttentionBackend:
     ) -> torch.Tensor:
         data = attn.backend_data
         assert isinstance(data, _CpuStepData), f"metadata built by {attn.backend.name}"
-        write_kv(kv_cache, layer_idx, attn.write_rows, k, v)
+        if self._kernel is not None:
+            self._kernel.store_kv(kv_cache, layer_idx, attn.write_rows, k, v)
+        else:
+            write_kv(kv_cache, layer_idx, attn.write_rows, k, v)
         block_size, kv_heads, head_dim = kv_cache.shape[3:]
         gather_view = kv_cache.view(-1, block_size, kv_heads, head_dim)
         row_offset = 2 * layer_idx

@@ -1,4 +1,5 @@
-"""The native paged decode kernel (``paged_decode.c``): built at first use, called via ctypes.
+"""The native paged decode kernel (``paged_decode.c``), and its store of a step's K/V into
+the pool: built at first use, called via ctypes.
 
 ``engine/native_build.py`` compiles it once per machine into the pdserve cache directory.
 Without a compiler (or on a failed build) the loader returns None with the reason logged,
@@ -30,6 +31,11 @@ _ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
     _I64, _I64, _I64, _I64, _I64, _I64,  # heads, kv_heads, head_dim, layers, block_size, layer
     ctypes.c_float, ctypes.c_int, ctypes.c_int,  # scale, dtype, num_threads
 ]  # fmt: skip
+_STORE_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
+    _PTR, _I64, _PTR, _I64, _I64,  # k, k_row_stride, v, v_row_stride, tokens
+    _PTR, _I64, _PTR, _I64, _I64,  # rows, layer_add, pool, pool_rows, row_elems
+    ctypes.c_int, ctypes.c_int,  # dtype, num_threads
+]  # fmt: skip
 
 
 class PagedDecodeKernel:
@@ -39,6 +45,9 @@ class PagedDecodeKernel:
         self._fn = library.pdserve_paged_decode
         self._fn.argtypes = _ARGTYPES
         self._fn.restype = ctypes.c_int
+        self._store = library.pdserve_store_kv
+        self._store.argtypes = _STORE_ARGTYPES
+        self._store.restype = ctypes.c_int
 
     def __call__(
         self,
@@ -69,6 +78,33 @@ class PagedDecodeKernel:
         )  # fmt: skip
         if status != 0:
             raise MemoryError(f"paged decode kernel could not allocate scratch (status {status})")
+
+    def store_kv(
+        self,
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D], contiguous
+        layer_idx: int,
+        rows: torch.Tensor,  # [2, T] int64 layer-0 rows of K and V (``pool_write_rows``)
+        k: torch.Tensor,  # [T, KVH, D]; rows may be strided (views into the fused qkv)
+        v: torch.Tensor,
+    ) -> None:
+        """What ``engine.attention.base.write_kv`` does, with stores that skip reading the
+        pool's cold lines first (see ``pdserve_store_kv``)."""
+        block_size, kv_heads, head_dim = kv_cache.shape[3:]
+        row_elems = kv_heads * head_dim
+        # The C side trusts pointers and strides (it checks the rows): check them here.
+        assert k.dtype == v.dtype == kv_cache.dtype in _DTYPE_CODES, f"{k.dtype}, {v.dtype}"
+        assert k.shape == v.shape == (rows.shape[1], kv_heads, head_dim), f"k {tuple(k.shape)}"
+        for x in (k, v):
+            assert x.stride(2) == 1 and x.stride(1) == head_dim, f"strides {x.stride()}"
+        assert rows.dtype == torch.int64 and rows.is_contiguous(), "rows not dense int64"
+        assert kv_cache.is_contiguous() and kv_cache.device.type == "cpu", "pool not dense"
+        status = self._store(
+            k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k.shape[0], rows.data_ptr(),
+            layer_idx * 2 * block_size, kv_cache.data_ptr(), kv_cache.numel() // row_elems,
+            row_elems, _DTYPE_CODES[k.dtype], torch.get_num_threads(),
+        )  # fmt: skip
+        if status != 0:
+            raise IndexError(f"a K/V row of layer {layer_idx} lies outside the pool")
 
 
 @functools.cache

@@ -164,9 +164,10 @@ DEFINE_SEQ(seq_bf16_any, uint16_t, LOAD_BF16, geo->head_dim)
  * memory takes ~110 ms). Here 16 positions' dot products are summed by one
  * transpose-and-add tree, the softmax runs with positions in lanes, the running sum stays a
  * vector until the end, and each kv head's output rows stay in registers; in bf16,
- * vdpbf16ps multiplies bf16 pairs straight into fp32 sums, so K is never widened. In cache:
- * bf16 60 ms, fp32 62 ms; on the real pool with two threads 1.17x (bf16) and 1.15x (fp32)
- * faster. Products and sums are fp32 as above; only the summation order differs.
+ * vdpbf16ps multiplies bf16 pairs straight into fp32 sums, so K and V are never widened. In
+ * cache: bf16 60 ms, fp32 62 ms; on the real pool with two threads 1.17x (bf16) and 1.15x
+ * (fp32) faster. Products and sums are fp32 as above, in another order; bf16 rounds the
+ * softmax weights to bf16 for P.V (values16_bf16).
  */
 #include <immintrin.h>
 #define PD_LANE_KERNELS 1
@@ -211,10 +212,23 @@ static inline void dots16_f32(const float *k, int64_t TS, int64_t rows, const fl
     }
 }
 
-/* A V row's 64 values as four vectors, in the order the kernel keeps its outputs in: for
- * fp32 their own; for bf16 see vrow_bf16. ordered_* puts such four vectors back in order. */
-static inline void vrow_f32(const float *v, __m512 *x) {
-    for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_ps(v + 16 * i);
+/* The V side of a chunk of n <= 16 positions: out[g] (a kv head's G output rows, four
+ * vectors each, in the order ORDERED puts right at the end) += sum over t of p[g][t] * V[t],
+ * where WEIGHTS stored p[g] (the chunk's 16 weights of query row g) at weights + 16 g, and
+ * the next block's rows at v_ahead are prefetched. fp32: one V row at a time. */
+static inline void weights_f32(__m512 p, float *dst) { _mm512_storeu_ps(dst, p); }
+
+static inline void values16_f32(const float *v, int64_t TS, int64_t n, int64_t G,
+                                const float *weights, __m512 (*out)[4], const float *v_ahead) {
+    for (int64_t t = 0; t < n; ++t) {
+        prefetch_run(v_ahead + t * TS, 64 * sizeof(float), 0);
+        __m512 vr[4];
+        for (int i = 0; i < 4; ++i) vr[i] = _mm512_loadu_ps(v + t * TS + 16 * i);
+        for (int64_t g = 0; g < G; ++g) {
+            const __m512 w = _mm512_set1_ps(weights[g * PD_LANES + t]);
+            for (int i = 0; i < 4; ++i) out[g][i] = _mm512_fmadd_ps(w, vr[i], out[g][i]);
+        }
+    }
 }
 
 static inline void ordered_f32(__m512 *x) { (void)x; }
@@ -243,38 +257,72 @@ static inline void dots16_bf16(const uint16_t *k, int64_t TS, int64_t rows, cons
     }
 }
 
-/* Each 32-bit word of a bf16 row holds values 2i (low half) and 2i + 1 (high half): shifted
- * left, the word is value 2i as a float; masked, value 2i + 1. So the row widens exactly in
- * one op per 16 values, into the even values of 0-31, the odd ones, the even of 32-63 and
- * the odd; widening in order (vpmovzxwd, a lane-crossing op, and a shift) cost twice that,
- * and this kernel is bound by its arithmetic more than by its reads (64 sequences x 800
- * positions on huge pages, two threads, Zen 4: 23-30 GB/s of K/V; with the V work taken
- * out it ran 1.33x faster, with the dot products taken out 1.96x). */
-static inline void vrow_bf16(const uint16_t *v, __m512 *x) {
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-    for (int i = 0; i < 2; ++i) {
-        const __m512i words = _mm512_loadu_si512(v + 32 * i);
-        x[2 * i] = _mm512_castsi512_ps(_mm512_slli_epi32(words, 16));
-        x[2 * i + 1] = _mm512_castsi512_ps(_mm512_and_si512(words, high));
+/* bf16: two positions at a time on vdpbf16ps, as the prefill kernel and torch's flash
+ * kernel do their P.V (the weights rounded to bf16, their sum l kept from the fp32 ones).
+ * The rows of positions t and t + 1 are interleaved word by word (vpunpck[lh]wd, within
+ * 128-bit lanes), so each 32-bit word pairs V[t][d] with V[t + 1][d], and one vdpbf16ps
+ * against the broadcast weight pair (p[t], p[t + 1]) adds both products to 16 outputs.
+ * Per position that is 6 multiply-adds and 2 shuffles where widening one row at a time
+ * took 12 multiply-adds and 4 widening ops. Measured against that (Zen 4, 2026-11-26,
+ * alternating runs): K/V in cache, two threads, 1.05-1.12x faster (8-32 sequences); from
+ * memory 1.12x on one thread and level (0.97-1.03x) on two, where the reads bound it. */
+static inline void weights_bf16(__m512 p, float *dst) {
+    /* word i of the result is p[i] rounded: 32-bit word i holds the pair (p[2i], p[2i+1]) */
+    const __m256bh pairs = _mm512_cvtneps_pbh(p);
+    memcpy(dst, &pairs, sizeof pairs);
+}
+
+static inline __m512bh as_bf16x32(__m512i x) {
+    __m512bh v;
+    memcpy(&v, &x, sizeof v);
+    return v;
+}
+
+static inline void values16_bf16(const uint16_t *v, int64_t TS, int64_t n, int64_t G,
+                                 const float *weights, __m512 (*out)[4],
+                                 const uint16_t *v_ahead) {
+    for (int64_t t = 0; t < n; t += 2) {
+        const int both = t + 1 < n; /* else the row past n is zeros (its weight is 0, and
+                                       the memory there may hold anything, NaN included) */
+        prefetch_run(v_ahead + t * TS, 64 * sizeof(uint16_t), 0);
+        if (both) prefetch_run(v_ahead + (t + 1) * TS, 64 * sizeof(uint16_t), 0);
+        __m512i rows[2][2];
+        for (int i = 0; i < 2; ++i) {
+            rows[0][i] = _mm512_loadu_si512(v + t * TS + 32 * i);
+            rows[1][i] = both ? _mm512_loadu_si512(v + (t + 1) * TS + 32 * i)
+                              : _mm512_setzero_si512();
+        }
+        __m512bh x[4];
+        for (int i = 0; i < 2; ++i) {
+            x[2 * i] = as_bf16x32(_mm512_unpacklo_epi16(rows[0][i], rows[1][i]));
+            x[2 * i + 1] = as_bf16x32(_mm512_unpackhi_epi16(rows[0][i], rows[1][i]));
+        }
+        for (int64_t g = 0; g < G; ++g) {
+            const __m512bh w = as_bf16x32(
+                _mm512_castps_si512(_mm512_set1_ps(weights[g * PD_LANES + t / 2])));
+            for (int i = 0; i < 4; ++i) out[g][i] = _mm512_dpbf16_ps(out[g][i], x[i], w);
+        }
     }
 }
 
+/* Output vector 2j (j = 0, 1) holds, in 128-bit lane c, values 32j + 8c .. 32j + 8c + 3;
+ * vector 2j + 1 the next four of each lane (the unpacks' order): back to 0 .. 63. */
 static inline void ordered_bf16(__m512 *x) {
-    const __m512i first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
     const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
     for (int i = 0; i < 4; i += 2) {
-        const __m512 even = x[i], odd = x[i + 1];
-        x[i] = _mm512_permutex2var_ps(even, first, odd);
-        x[i + 1] = _mm512_permutex2var_ps(even, second, odd);
+        const __m512 low = x[i], high = x[i + 1];
+        x[i] = _mm512_permutex2var_ps(low, first, high);
+        x[i + 1] = _mm512_permutex2var_ps(low, second, high);
     }
 }
 #endif
 
 /* One sequence's work for kv heads [h0, h0 + nh) with the K/V read in chunks of 16
  * positions. q: the rows' query vectors, unscaled (scale multiplies the scores); acc:
- * rows * 64 floats out (in VROW's order until the end); weights: G * 16 floats and sums:
+ * rows * 64 floats out (in VALUES16's order until the end); weights: G * 16 floats and sums:
  * rows vectors of scratch; m: rows floats. */
-#define DEFINE_LANE_SEQ(NAME, ELEM, DOTS16, VROW, ORDERED)                                \
+#define DEFINE_LANE_SEQ(NAME, ELEM, DOTS16, WEIGHTS, VALUES16, ORDERED)                   \
     static void NAME(const Geometry *geo, const ELEM *pool, const int32_t *table, int64_t len, \
                      int64_t h0, int64_t nh, const ELEM *q, float scale, float *weights,       \
                      float *acc, float *m, __m512 *sums) {                                     \
@@ -282,7 +330,6 @@ static inline void ordered_bf16(__m512 *x) {
         const int64_t G = geo->num_heads / geo->num_kv_heads, rows = nh * G;                   \
         const int64_t num_blocks = (len + BS - 1) / BS;                                        \
         const ELEM *base = pool + geo->layer_offset + h0 * D;                                  \
-        const int64_t row_bytes = D * (int64_t)sizeof(ELEM);                                   \
         for (int64_t r = 0; r < rows; ++r) {                                                   \
             m[r] = -FLT_MAX;                                                                   \
             sums[r] = _mm512_setzero_ps();                                                     \
@@ -318,7 +365,7 @@ static inline void ordered_bf16(__m512 *x) {
                         const __m512 p = _mm512_maskz_mov_ps(                                  \
                             valid, exp_nonpositive16(_mm512_sub_ps(s, _mm512_set1_ps(m[r])))); \
                         sums[r] = _mm512_add_ps(sums[r], p);                                   \
-                        _mm512_storeu_ps(weights + g * PD_LANES, p);                           \
+                        WEIGHTS(p, weights + g * PD_LANES);                                    \
                     }                                                                          \
                     __m512 out[PD_MAX_GROUP][4];                                               \
                     for (int64_t g = 0; g < G; ++g)                                            \
@@ -326,17 +373,7 @@ static inline void ordered_bf16(__m512 *x) {
                             out[g][i] = _mm512_mul_ps(                                         \
                                 _mm512_loadu_ps(acc + (h * G + g) * D + 16 * i),               \
                                 _mm512_set1_ps(shrink[g]));                                    \
-                    for (int64_t t = 0; t < n; ++t) {                                          \
-                        const ELEM *vt = v + t * TS;                                           \
-                        prefetch_run(v_ahead + t * TS, row_bytes, 0);                          \
-                        __m512 vr[4];                                                          \
-                        VROW(vt, vr);                                                          \
-                        for (int64_t g = 0; g < G; ++g) {                                      \
-                            const __m512 w = _mm512_set1_ps(weights[g * PD_LANES + t]);        \
-                            for (int i = 0; i < 4; ++i)                                        \
-                                out[g][i] = _mm512_fmadd_ps(w, vr[i], out[g][i]);              \
-                        }                                                                      \
-                    }                                                                          \
+                    VALUES16(v, TS, n, G, weights, out, v_ahead);                              \
                     for (int64_t g = 0; g < G; ++g)                                            \
                         for (int i = 0; i < 4; ++i)                                            \
                             _mm512_storeu_ps(acc + (h * G + g) * D + 16 * i, out[g][i]);      \
@@ -352,9 +389,10 @@ static inline void ordered_bf16(__m512 *x) {
         }                                                                                      \
     }
 
-DEFINE_LANE_SEQ(lane_seq_f32_64, float, dots16_f32, vrow_f32, ordered_f32)
+DEFINE_LANE_SEQ(lane_seq_f32_64, float, dots16_f32, weights_f32, values16_f32, ordered_f32)
 #ifdef PD_LANE_BF16
-DEFINE_LANE_SEQ(lane_seq_bf16_64, uint16_t, dots16_bf16, vrow_bf16, ordered_bf16)
+DEFINE_LANE_SEQ(lane_seq_bf16_64, uint16_t, dots16_bf16, weights_bf16, values16_bf16,
+                ordered_bf16)
 #endif
 #endif
 
@@ -471,4 +509,45 @@ int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_r
         free(base);
     }
     return failed ? -1 : 0;
+}
+
+/* This step's K and V into the pool, seen as rows of kv_heads * head_dim elements (the write
+ * view of engine/attention/cpu.py): token i's K row (at k + i * k_row_stride) goes to row
+ * rows[i] + layer_add, its V row (at v + i * v_row_stride) to row rows[tokens + i] +
+ * layer_add. Strides count elements of `dtype`.
+ *
+ * Why here rather than torch's index_copy_: the rows a decode step writes are scattered over
+ * the pool and cold, so each store first reads its line in. Whole 64-byte lines go out with
+ * non-temporal stores instead, which skip that read: 96 rows of 384 bytes (48 tokens, bf16)
+ * after 256 MB streamed through the caches took 81 us against index_copy_'s 183 us (Zen 4).
+ * Returns 0, or -1 (nothing written) when a row lies outside the pool's pool_rows. */
+int pdserve_store_kv(const void *k, int64_t k_row_stride, const void *v, int64_t v_row_stride,
+                     int64_t tokens, const int64_t *rows, int64_t layer_add, void *pool,
+                     int64_t pool_rows, int64_t row_elems, int dtype, int num_threads) {
+    for (int64_t i = 0; i < 2 * tokens; ++i)
+        if (rows[i] < 0 || rows[i] + layer_add >= pool_rows) return -1;
+    const int64_t elem = dtype == PD_FLOAT32 ? 4 : 2, row_bytes = row_elems * elem;
+    /* a parallel region costs more than it saves below a few hundred KB */
+    const int threads = 2 * tokens * row_bytes >= (256 << 10) ? num_threads : 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < 2 * tokens; ++i) {
+            const char *src = i < tokens ? (const char *)k + i * k_row_stride * elem
+                                         : (const char *)v + (i - tokens) * v_row_stride * elem;
+            char *dst = (char *)pool + (rows[i] + layer_add) * row_bytes;
+#ifdef __AVX512F__
+            if (row_bytes % 64 == 0 && ((uintptr_t)dst & 63) == 0) {
+                for (int64_t o = 0; o < row_bytes; o += 64)
+                    _mm512_stream_si512((void *)(dst + o), _mm512_loadu_si512(src + o));
+                continue;
+            }
+#endif
+            memcpy(dst, src, (size_t)row_bytes);
+        }
+#ifdef __AVX512F__
+        _mm_sfence(); /* order this thread's streamed lines before the threads join */
+#endif
+    }
+    return 0;
 }

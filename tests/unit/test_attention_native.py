@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import engine.attention.cpu_prefill as cpu_prefill
 import engine.attention.native as native
 import engine.native_build as native_build
+from engine.attention.base import pool_write_rows, write_kv
 from engine.attention.native import PagedDecodeKernel, load_paged_decode
 
 LAYERS, BLOCK, HEADS, KV_HEADS = 3, 16, 9, 3
@@ -163,6 +164,49 @@ def test_growing_scores_rescale_the_running_softmax(
         block, offset = tables[0][position // BLOCK], position % BLOCK
         pool[block, 0, 0, offset] = position / 4.0
     assert_matches_reference(kernel, q, pool, tables, lens, 0, ATOL[dtype])
+
+
+@BOTH_DTYPES
+def test_positions_past_the_context_never_reach_the_output(
+    kernel: PagedDecodeKernel, dtype: torch.dtype
+) -> None:
+    """A block's unused positions hold whatever an earlier sequence left there, NaN
+    included: odd lengths leave one (bf16 takes V rows in pairs, the unpaired last one
+    against a weight of zero), a part-filled block many."""
+    lens = [1, 5, 17, 33]
+    pool, tables = make_pool(lens, 64, dtype, seed=13)
+    for table, n in zip(tables, lens, strict=True):
+        pool[table[-1], :, :, n % BLOCK or BLOCK :] = float("nan")
+    q = torch.randn(len(lens), HEADS, 64).to(dtype)
+    assert_matches_reference(kernel, q, pool, tables, lens, 1, ATOL[dtype])
+
+
+@BOTH_DTYPES
+def test_stored_kv_rows_equal_index_copy(kernel: PagedDecodeKernel, dtype: torch.dtype) -> None:
+    """The step's K/V as the model passes them (views into the fused qkv rows) land where
+    ``write_kv``'s index_copy_ puts them, and nowhere else."""
+    tokens, head_dim = 7, 64
+    pool, _ = make_pool([16 * 6], head_dim, dtype, seed=17)
+    slots = torch.tensor([0, 5, 16, 17, 31, 40, 95])
+    rows = pool_write_rows(slots, BLOCK, LAYERS)
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * head_dim).to(dtype)
+    k = qkv[:, HEADS * head_dim : (HEADS + KV_HEADS) * head_dim].view(tokens, KV_HEADS, -1)
+    v = qkv[:, (HEADS + KV_HEADS) * head_dim :].view(tokens, KV_HEADS, -1)
+    expected = pool.clone()
+    write_kv(expected, 2, rows, k, v)
+    kernel.store_kv(pool, 2, rows, k, v)
+    assert torch.equal(pool, expected)
+
+
+def test_kv_rows_outside_the_pool_are_refused_untouched(kernel: PagedDecodeKernel) -> None:
+    pool, _ = make_pool([16 * 2], 64, torch.float32, seed=19)
+    before = pool.clone()
+    kv = torch.randn(2, KV_HEADS, 64)
+    last_block = pool.shape[0] - 1
+    rows = pool_write_rows(torch.tensor([0, last_block * BLOCK + 3]), BLOCK, LAYERS)
+    with pytest.raises(IndexError, match="outside the pool"):
+        kernel.store_kv(pool, LAYERS, rows, kv, kv)  # layer 3 of 3: past the last block
+    assert torch.equal(pool, before)
 
 
 @BOTH_DTYPES
