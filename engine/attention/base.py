@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.attention.native import BoundDecode
 
 
 class ChunkLike(Protocol):
@@ -81,6 +84,14 @@ class AttentionBackend(Protocol):
         attn: AttentionMetadata,
     ) -> torch.Tensor:
         """Write new K/V into the pool and attend; returns ``[num_tokens, heads * head_dim]``."""
+        ...
+
+    def bind_native_decode(
+        self, attn: AttentionMetadata, kv_cache: torch.Tensor, num_heads: int
+    ) -> BoundDecode | None:
+        """For a step of decode tokens only, on a backend whose C kernel stores and attends:
+        its calls on addresses (``engine/model/native_step.py`` runs the layers on them);
+        else None (the model's modules call :meth:`forward`)."""
         ...
 
 

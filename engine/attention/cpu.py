@@ -50,7 +50,7 @@ from engine.attention.cpu_plan import (
     plan_prefills,
 )
 from engine.attention.cpu_prefill import attend_after_prefix, attend_fresh
-from engine.attention.native import PagedDecodeKernel, load_paged_decode
+from engine.attention.native import BoundDecode, PagedDecodeKernel, load_paged_decode
 from engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
 
 DECODE_STRATEGIES = ("native", "grouped", "padded", "per_seq")
@@ -107,6 +107,22 @@ class CpuAttentionBackend:
         prefills = plan_prefills(layout, block_size, num_layers, device)
         data = _CpuStepData(decode=decode, prefills=prefills)
         return step_metadata(layout, block_size, num_layers, device, self, data)
+
+    def bind_native_decode(
+        self, attn: AttentionMetadata, kv_cache: torch.Tensor, num_heads: int
+    ) -> BoundDecode | None:
+        """The native kernel's calls for a step of decode tokens only (rows 0..B-1)."""
+        data = attn.backend_data
+        assert isinstance(data, _CpuStepData), f"metadata built by {attn.backend.name}"
+        plan = data.decode
+        if self._kernel is None or data.prefills or not isinstance(plan, NativeDecodePlan):
+            return None
+        if plan.q_rows is not None:
+            return None
+        assert plan.max_block_id < kv_cache.shape[0], (
+            f"block {plan.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
+        )
+        return self._kernel.bind(kv_cache, num_heads, plan.tables, plan.lens, None, attn.write_rows)
 
     def forward(
         self,

@@ -63,6 +63,11 @@ class FlashAttnBackend:
         )
         return step_metadata(layout, block_size, num_layers, device, self, data)
 
+    def bind_native_decode(
+        self, attn: AttentionMetadata, kv_cache: torch.Tensor, num_heads: int
+    ) -> None:
+        return None  # no C kernel here: the model's modules call forward
+
     def forward(
         self,
         layer_idx: int,

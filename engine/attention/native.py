@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +40,45 @@ _STORE_ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
 
 
 class PagedDecodeKernel:
-    """Decode attention over the paged pool, one query token per sequence (see the C file)."""
+    """Decode attention over the paged pool, one query token per sequence, and the store of a
+    step's K/V into the pool (see the C file)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = library.pdserve_paged_decode
-        self._fn.argtypes = _ARGTYPES
-        self._fn.restype = ctypes.c_int
+        self._attend = library.pdserve_paged_decode
+        self._attend.argtypes = _ARGTYPES
+        self._attend.restype = ctypes.c_int
         self._store = library.pdserve_store_kv
         self._store.argtypes = _STORE_ARGTYPES
         self._store.restype = ctypes.c_int
+
+    def bind(
+        self,
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D], contiguous
+        num_heads: int,
+        tables: torch.Tensor | None = None,  # [B, W] int32, block ids validated by the caller
+        lens: torch.Tensor | None = None,  # [B] int32
+        q_rows: torch.Tensor | None = None,  # [B] int32 rows of q (and out); None: 0..B-1
+        write_rows: torch.Tensor | None = None,  # [2, T] int64 (``pool_write_rows``)
+    ) -> BoundDecode:
+        """One step's pool and indices, checked once, for calls on addresses (the C side
+        trusts every pointer it gets; the caller vouches for the q, K/V and out rows)."""
+        assert kv_cache.dtype in _DTYPE_CODES, f"the kernel takes fp32 or bf16, {kv_cache.dtype}"
+        assert kv_cache.is_contiguous() and kv_cache.device.type == "cpu", "pool not dense"
+        int32s = [t for t in (tables, lens, q_rows) if t is not None]
+        for index in int32s:
+            assert index.dtype == torch.int32 and index.is_contiguous(), "index not dense int32"
+        if write_rows is not None:
+            assert write_rows.dtype == torch.int64 and write_rows.is_contiguous(), "rows"
+        _, num_layers, _, block_size, kv_heads, head_dim = kv_cache.shape
+        pool_rows = kv_cache.numel() // (kv_heads * head_dim)
+        return BoundDecode(
+            self._attend, self._store, kv_cache.data_ptr(), pool_rows,
+            num_heads, kv_heads, head_dim, num_layers, block_size,
+            _addr(tables), 0 if tables is None else tables.shape[1], _addr(lens),
+            0 if lens is None else lens.shape[0], _addr(q_rows), _addr(write_rows),
+            0 if write_rows is None else write_rows.shape[1],
+            _DTYPE_CODES[kv_cache.dtype], torch.get_num_threads(),
+        )  # fmt: skip
 
     def __call__(
         self,
@@ -59,25 +90,12 @@ class PagedDecodeKernel:
         layer_idx: int,
         out: torch.Tensor,  # [T, H * D], rows written for the B sequences
     ) -> None:
-        num_heads, head_dim = q.shape[1], q.shape[2]
-        num_layers, block_size, kv_heads = kv_cache.shape[1], kv_cache.shape[3], kv_cache.shape[4]
-        # The C side trusts every pointer and stride it gets: check them here.
-        assert q.dtype in _DTYPE_CODES, f"the kernel takes fp32 or bf16, got {q.dtype}"
+        head_dim = q.shape[2]
         assert q.dtype == kv_cache.dtype == out.dtype, f"{q.dtype}, {kv_cache.dtype}, {out.dtype}"
         assert q.stride(2) == 1 and q.stride(1) == head_dim, f"q strides {q.stride()}"
-        assert out.stride(1) == 1 and kv_cache.is_contiguous(), "out rows / pool not dense"
-        for index in (tables, lens) if q_rows is None else (tables, lens, q_rows):
-            assert index.dtype == torch.int32 and index.is_contiguous(), "index not dense int32"
-        assert q.device.type == kv_cache.device.type == "cpu", "the kernel runs on CPU tensors"
-        status = self._fn(
-            q.data_ptr(), q.stride(0), 0 if q_rows is None else q_rows.data_ptr(),
-            kv_cache.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
-            lens.shape[0], out.data_ptr(), out.stride(0),
-            num_heads, kv_heads, head_dim, num_layers, block_size, layer_idx,
-            head_dim**-0.5, _DTYPE_CODES[q.dtype], torch.get_num_threads(),
-        )  # fmt: skip
-        if status != 0:
-            raise MemoryError(f"paged decode kernel could not allocate scratch (status {status})")
+        assert out.stride(1) == 1 and q.device.type == "cpu", "out rows not dense / not CPU"
+        bound = self.bind(kv_cache, q.shape[1], tables, lens, q_rows)
+        bound.attend(layer_idx, q.data_ptr(), q.stride(0), out.data_ptr(), out.stride(0))
 
     def store_kv(
         self,
@@ -89,22 +107,64 @@ class PagedDecodeKernel:
     ) -> None:
         """What ``engine.attention.base.write_kv`` does, with stores that skip reading the
         pool's cold lines first (see ``pdserve_store_kv``)."""
-        block_size, kv_heads, head_dim = kv_cache.shape[3:]
-        row_elems = kv_heads * head_dim
-        # The C side trusts pointers and strides (it checks the rows): check them here.
-        assert k.dtype == v.dtype == kv_cache.dtype in _DTYPE_CODES, f"{k.dtype}, {v.dtype}"
+        kv_heads, head_dim = kv_cache.shape[4:]
+        assert k.dtype == v.dtype == kv_cache.dtype, f"{k.dtype}, {v.dtype}, {kv_cache.dtype}"
         assert k.shape == v.shape == (rows.shape[1], kv_heads, head_dim), f"k {tuple(k.shape)}"
         for x in (k, v):
             assert x.stride(2) == 1 and x.stride(1) == head_dim, f"strides {x.stride()}"
-        assert rows.dtype == torch.int64 and rows.is_contiguous(), "rows not dense int64"
-        assert kv_cache.is_contiguous() and kv_cache.device.type == "cpu", "pool not dense"
+        bound = self.bind(kv_cache, 0, write_rows=rows)
+        bound.store(layer_idx, k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0))
+
+
+@dataclass(slots=True, frozen=True)
+class BoundDecode:
+    """:class:`PagedDecodeKernel`'s calls for one step, on addresses (see ``bind``)."""
+
+    _attend: Any
+    _store: Any
+    pool: int
+    pool_rows: int  # rows of kv_heads * head_dim elements
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    num_layers: int
+    block_size: int
+    tables: int
+    table_width: int
+    lens: int
+    num_seqs: int
+    q_rows: int
+    write_rows: int
+    num_tokens: int
+    dtype: int
+    threads: int
+
+    def attend(
+        self, layer_idx: int, q: int, q_row_stride: int, out: int, out_row_stride: int
+    ) -> None:
+        """Decode attention of layer ``layer_idx`` (the rows of q: [H, D] dense each)."""
+        status = self._attend(
+            q, q_row_stride, self.q_rows, self.pool, self.tables, self.table_width, self.lens,
+            self.num_seqs, out, out_row_stride, self.num_heads, self.kv_heads, self.head_dim,
+            self.num_layers, self.block_size, layer_idx, self.head_dim**-0.5, self.dtype,
+            self.threads,
+        )  # fmt: skip
+        if status != 0:
+            raise MemoryError(f"paged decode kernel could not allocate scratch (status {status})")
+
+    def store(self, layer_idx: int, k: int, k_row_stride: int, v: int, v_row_stride: int) -> None:
+        """The step's K/V rows (each [KVH, D] dense) into layer ``layer_idx`` of the pool."""
         status = self._store(
-            k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k.shape[0], rows.data_ptr(),
-            layer_idx * 2 * block_size, kv_cache.data_ptr(), kv_cache.numel() // row_elems,
-            row_elems, _DTYPE_CODES[k.dtype], torch.get_num_threads(),
+            k, k_row_stride, v, v_row_stride, self.num_tokens, self.write_rows,
+            layer_idx * 2 * self.block_size, self.pool, self.pool_rows,
+            self.kv_heads * self.head_dim, self.dtype, self.threads,
         )  # fmt: skip
         if status != 0:
             raise IndexError(f"a K/V row of layer {layer_idx} lies outside the pool")
+
+
+def _addr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
 
 
 @functools.cache

@@ -53,11 +53,18 @@ class FusedOps:
             return None
         rows, cols = x.shape
         out = torch.empty((rows, cols), dtype=x.dtype)
-        self._rms_norm(
-            x.data_ptr(), x.stride(0), rows, cols, weight.data_ptr(), eps, out.data_ptr(),
-            _DTYPE_CODES[x.dtype], torch.get_num_threads(),
-        )  # fmt: skip
+        self.rms_norm_into(x.data_ptr(), x.stride(0), rows, weight, eps, out.data_ptr())
         return out
+
+    def rms_norm_into(
+        self, x: int, x_stride: int, rows: int, weight: torch.Tensor, eps: float, out: int
+    ) -> None:
+        """:meth:`rms_norm` on addresses (rows of ``weight``'s size and dtype, out dense),
+        unchecked: for a caller that checked its buffers once."""
+        self._rms_norm(
+            x, x_stride, rows, weight.shape[0], weight.data_ptr(), eps, out,
+            _DTYPE_CODES[weight.dtype], torch.get_num_threads(),
+        )  # fmt: skip
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
         """``x: [T, heads, head_dim]`` rotated by ``cos``/``sin: [T, 1, head_dim / 2]`` into a
@@ -74,11 +81,19 @@ class FusedOps:
             return None
         tokens, heads, head_dim = x.shape
         out = torch.empty((tokens, heads, head_dim), dtype=x.dtype)
-        self._rope(
-            x.data_ptr(), x.stride(0), tokens, heads, head_dim, cos.data_ptr(), sin.data_ptr(),
-            out.data_ptr(), _DTYPE_CODES[x.dtype], torch.get_num_threads(),
-        )  # fmt: skip
+        self.rope_into(x.data_ptr(), x.stride(0), tokens, heads, cos, sin, out.data_ptr())
         return out
+
+    def rope_into(
+        self, x: int, x_stride: int, tokens: int, heads: int, cos: torch.Tensor,
+        sin: torch.Tensor, out: int,
+    ) -> None:  # fmt: skip
+        """:meth:`rope` on addresses (head_dim from ``cos``, the dtype ``cos``'s), unchecked:
+        for a caller that checked its buffers once."""
+        self._rope(
+            x, x_stride, tokens, heads, 2 * cos.shape[-1], cos.data_ptr(), sin.data_ptr(), out,
+            _DTYPE_CODES[cos.dtype], torch.get_num_threads(),
+        )  # fmt: skip
 
 
 def _takes(x: torch.Tensor, *others: torch.Tensor) -> bool:

@@ -28,6 +28,7 @@ from engine.attention.base import AttentionMetadata
 from engine.host_memory import release_free_heap
 from engine.model.config import ModelConfig
 from engine.model.fused_ops import fused_ops
+from engine.model.native_step import NativeDecodeLayers
 from engine.model.packed_linear import PackedLinear, PackedMLP, gather_on_huge_pages, project_add
 from engine.model.rope import RotaryEmbedding, apply_rope, rope_inv_freq
 
@@ -144,6 +145,7 @@ class LlamaModel(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = rotary
+        self.native_layers: NativeDecodeLayers | None = None  # set by pack_linears
 
     @classmethod
     def from_state_dict(
@@ -171,8 +173,7 @@ class LlamaModel(nn.Module):
         """
         if isinstance(self.lm_head, PackedLinear):
             return  # packed already
-        for layer in self.layers:
-            assert isinstance(layer, DecoderLayer), f"unexpected layer {type(layer)}"
+        for layer in self.decoder_layers():
             layer.pack_linears()
         if self.lm_head is None:
             self.lm_head = PackedLinear(self.embed_tokens.weight, None)
@@ -185,6 +186,7 @@ class LlamaModel(nn.Module):
         for param in self.parameters():
             param.data = param.data.clone()
         release_free_heap()  # the packed weights' first copies, freed to a heap that keeps
+        self.native_layers = NativeDecodeLayers.for_layers(self.config, self.decoder_layers())
 
     @torch.inference_mode()
     def forward(
@@ -197,9 +199,23 @@ class LlamaModel(nn.Module):
         """Run the decoder over a flat batch; returns final-normed hidden states ``[T, hidden]``."""
         cos, sin = self.rotary.lookup(positions)
         x = self.embed_tokens(input_ids)  # [T, hidden]
-        for layer in self.layers:
-            x = layer(x, cos, sin, attn, kv_cache)
+        native = self.native_layers
+        step = (
+            None
+            if native is None
+            else attn.backend.bind_native_decode(attn, kv_cache, self.config.num_heads)
+        )
+        if native is not None and step is not None:
+            x = native.run(x, cos, sin, step)  # the same kernels, called without the modules
+        else:
+            for layer in self.layers:
+                x = layer(x, cos, sin, attn, kv_cache)
         return self.norm(x)
+
+    def decoder_layers(self) -> list[DecoderLayer]:
+        layers = [layer for layer in self.layers if isinstance(layer, DecoderLayer)]
+        assert len(layers) == len(self.layers), "unexpected layer types"
+        return layers
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

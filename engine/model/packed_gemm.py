@@ -102,13 +102,34 @@ class PackedGemm:
         assert op != "swiglu" or out_features % PANEL == 0, f"swiglu on {out_features} rows"
         rows = x.shape[0]
         y = torch.empty(rows, width, dtype=self.dtype)
-        self._linear(
-            x.data_ptr(), x.stride(0), rows, in_features, packed.data_ptr(), out_features,
-            0 if bias is None else bias.data_ptr(), OPS[op],
+        self.linear_into(
+            x.data_ptr(), x.stride(0), rows, packed, out_features, bias, OPS[op],
             0 if other is None else other.data_ptr(), 0 if other is None else other.stride(0),
             y.data_ptr(), width, torch.get_num_threads(),
         )  # fmt: skip
         return y
+
+    def linear_into(
+        self,
+        x: int,  # address of [rows, in] elements, rows x_stride apart
+        x_stride: int,
+        rows: int,
+        packed: torch.Tensor,  # from pack()
+        out_features: int,
+        bias: torch.Tensor | None,
+        op: int,  # OPS[name]
+        other: int,  # address of [rows, out] for "mul"/"add" (0 otherwise)
+        other_stride: int,
+        y: int,  # address of [rows, width] outputs, rows y_stride apart
+        y_stride: int,
+        threads: int,
+    ) -> None:
+        """:meth:`linear` on addresses, unchecked: for a caller that checked its buffers once
+        (``engine/model/native_step.py``)."""
+        self._linear(
+            x, x_stride, rows, packed.shape[1], packed.data_ptr(), out_features,
+            0 if bias is None else bias.data_ptr(), op, other, other_stride, y, y_stride, threads,
+        )  # fmt: skip
 
 
 def swiglu_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

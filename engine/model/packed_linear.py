@@ -59,6 +59,11 @@ class PackedLinear(nn.Module):
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         self.bias = None if bias is None else bias.detach().clone()  # not a view of the loader's
 
+    @property
+    def gemm(self) -> PackedGemm | None:
+        """Our GEMM holding the packed weight, or None: oneDNN's."""
+        return self._gemm
+
     def forward(self, x: torch.Tensor, activation: str = "none") -> torch.Tensor:
         """``x: [T, in]`` -> ``[T, out]``; ``activation="swish"`` applies SiLU in the GEMM;
         ``"swiglu"`` (our GEMMs only, a weight built by ``swiglu_rows``) -> ``[T, out / 2]``,
@@ -127,7 +132,7 @@ def gather_on_huge_pages(model: nn.Module) -> None:
     KV pool gained 7-9% the same way (``engine/host_memory.py``). oneDNN's packed weights
     stay where they are.
     """
-    linears = [m for m in model.modules() if isinstance(m, PackedLinear) and m._gemm is not None]
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear) and m.gemm is not None]
     moved = on_huge_pages([linear.packed_weight for linear in linears])
     for linear, weight in zip(linears, moved, strict=True):
         linear.packed_weight = weight
