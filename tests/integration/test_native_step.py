@@ -1,8 +1,10 @@
 """Decode steps whose layers run as one flat run of C calls (engine/model/native_step.py) give
-the bits of the modules' path, logits and K/V alike; other steps keep the modules."""
+the bits of the modules' path, logits and K/V alike, on one thread and on two; other steps
+keep the modules."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +19,9 @@ from engine.scheduler.plan import BatchPlan, ScheduledChunk
 
 pytestmark = pytest.mark.slow
 
-BLOCK_SIZE, PROMPTS, STEPS = 16, ([1, 2, 3] * 9, [7] * 40, list(range(100, 117))), 4
+BLOCK_SIZE, STEPS = 16, 4
+# 10 sequences of 17-44 tokens, in blocks of 16
+PROMPTS = tuple([(7 * i + j) % 500 + 1 for j in range(17 + 3 * i)] for i in range(10))
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +29,25 @@ def bf16_model(default_model_source: Any) -> Any:
     return load_model(default_model_source, dtype=torch.bfloat16, show_progress=False)
 
 
+@pytest.fixture()
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_decode_steps_match_the_modules_bit_for_bit(
-    smollm2_model: Any, bf16_model: Any, dtype: str, monkeypatch: pytest.MonkeyPatch
+    smollm2_model: Any, bf16_model: Any, dtype: str, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = smollm2_model if dtype == "fp32" else bf16_model
     torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
     if fused_ops() is None or gemm_for(torch_dtype) is None:
         pytest.skip(f"no C compiler or no {dtype} GEMM of ours here: the modules run every step")
     config = model.config
-    cache = allocate_kv_cache(config, 16, BLOCK_SIZE, torch_dtype)
+    cache = allocate_kv_cache(config, 5 * len(PROMPTS), BLOCK_SIZE, torch_dtype)
     runner = ModelRunner(config, model, cache, BLOCK_SIZE)
     native = model.native_layers
     assert isinstance(native, NativeDecodeLayers), "packed layers should run natively"
@@ -46,9 +59,7 @@ def test_decode_steps_match_the_modules_bit_for_bit(
 
     tables = [tuple(range(i * 5, i * 5 + 5)) for i in range(len(PROMPTS))]
     tokens = [list(p) for p in PROMPTS]
-    prefill = [
-        ScheduledChunk(str(i), tuple(p), 0, tables[i], True) for i, p in enumerate(PROMPTS)
-    ]
+    prefill = [ScheduledChunk(str(i), tuple(p), 0, tables[i], True) for i, p in enumerate(PROMPTS)]
     logits = runner.execute(BatchPlan(tuple(prefill)))
     assert runs == [], "a step of prefill chunks went the native way"
     for _ in range(STEPS):
