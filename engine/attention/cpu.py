@@ -115,10 +115,10 @@ class CpuAttentionBackend:
         data = attn.backend_data
         assert isinstance(data, _CpuStepData), f"metadata built by {attn.backend.name}"
         plan = data.decode
-        if self._kernel is None or data.prefills or not isinstance(plan, NativeDecodePlan):
+        native = isinstance(plan, NativeDecodePlan) and plan.q_rows is None
+        if self._kernel is None or data.prefills or not native:
             return None
-        if plan.q_rows is not None:
-            return None
+        assert isinstance(plan, NativeDecodePlan)
         assert plan.max_block_id < kv_cache.shape[0], (
             f"block {plan.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
         )

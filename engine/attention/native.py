@@ -143,6 +143,7 @@ class BoundDecode:
         self, layer_idx: int, q: int, q_row_stride: int, out: int, out_row_stride: int
     ) -> None:
         """Decode attention of layer ``layer_idx`` (the rows of q: [H, D] dense each)."""
+        assert self.tables and self.lens, "bound without block tables"
         status = self._attend(
             q, q_row_stride, self.q_rows, self.pool, self.tables, self.table_width, self.lens,
             self.num_seqs, out, out_row_stride, self.num_heads, self.kv_heads, self.head_dim,
@@ -154,6 +155,7 @@ class BoundDecode:
 
     def store(self, layer_idx: int, k: int, k_row_stride: int, v: int, v_row_stride: int) -> None:
         """The step's K/V rows (each [KVH, D] dense) into layer ``layer_idx`` of the pool."""
+        assert self.write_rows, "bound without the step's pool rows"
         status = self._store(
             k, k_row_stride, v, v_row_stride, self.num_tokens, self.write_rows,
             layer_idx * 2 * self.block_size, self.pool, self.pool_rows,

@@ -199,20 +199,16 @@ class LlamaModel(nn.Module):
         """Run the decoder over a flat batch; returns final-normed hidden states ``[T, hidden]``."""
         cos, sin = self.rotary.lookup(positions)
         x = self.embed_tokens(input_ids)  # [T, hidden]
-        native = self.native_layers
-        step = (
-            None
-            if native is None
-            else attn.backend.bind_native_decode(attn, kv_cache, self.config.num_heads)
-        )
-        if native is not None and step is not None:
-            x = native.run(x, cos, sin, step)  # the same kernels, called without the modules
-        else:
-            for layer in self.layers:
-                x = layer(x, cos, sin, attn, kv_cache)
+        if self.native_layers is not None:
+            step = attn.backend.bind_native_decode(attn, kv_cache, self.config.num_heads)
+            if step is not None:  # the same kernels, called without the modules
+                return self.norm(self.native_layers.run(x, cos, sin, step))
+        for layer in self.layers:
+            x = layer(x, cos, sin, attn, kv_cache)
         return self.norm(x)
 
     def decoder_layers(self) -> list[DecoderLayer]:
+        """``self.layers``, typed."""
         layers = [layer for layer in self.layers if isinstance(layer, DecoderLayer)]
         assert len(layers) == len(self.layers), "unexpected layer types"
         return layers
