@@ -5,8 +5,10 @@ checks, tensor allocations, views) around its 9 C calls; a decode step of 48 seq
 4.2 of its 35 ms there (bf16, warm, Zen 4), and in a full run that Python code runs with its
 caches emptied by the kernels in between. Here the same C calls, in the same order and with
 the same arguments, run on six buffers allocated once per step, the checks done once per
-step (the step's tensors) or once per model (the weights): 31.4 ms for that step. The
-results are bit-identical (``tests/integration/test_native_step.py``).
+step (the step's tensors) or once per model (the weights): that step 31-37 ms against 35-44
+through the modules (alternating), the whole bf16 benchmark workload 4 s (6%) faster
+(``docs/benchmarks.md``). The results are bit-identical (``tests/integration/
+test_native_step.py``: logits and the K/V written).
 
 Used for steps of decode tokens only (the attention backend's ``bind_native_decode``) on
 models whose every linear is one of our packed GEMMs with the MLP as one SwiGLU GEMM, with
