@@ -115,10 +115,9 @@ class CpuAttentionBackend:
         data = attn.backend_data
         assert isinstance(data, _CpuStepData), f"metadata built by {attn.backend.name}"
         plan = data.decode
-        native = isinstance(plan, NativeDecodePlan) and plan.q_rows is None
-        if self._kernel is None or data.prefills or not native:
-            return None
-        assert isinstance(plan, NativeDecodePlan)
+        if not isinstance(plan, NativeDecodePlan) or plan.q_rows is not None or data.prefills:
+            return None  # prefill chunks in the step (or the torch decode path)
+        assert self._kernel is not None, "native decode plan without the kernel"
         assert plan.max_block_id < kv_cache.shape[0], (
             f"block {plan.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
         )

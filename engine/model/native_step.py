@@ -43,22 +43,15 @@ class _LayerWeights:
     down: PackedLinear
 
 
+@dataclass(slots=True, frozen=True)
 class NativeDecodeLayers:
     """Runs a model's decoder layers on our C kernels alone (see the module docstring)."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        gemm: PackedGemm,
-        ops: FusedOps,
-        layers: list[_LayerWeights],
-        eps: float,
-    ) -> None:
-        self._config = config
-        self._gemm = gemm
-        self._ops = ops
-        self._layers = layers
-        self._eps = eps
+    config: ModelConfig
+    gemm: PackedGemm
+    ops: FusedOps
+    layers: list[_LayerWeights]
+    eps: float  # every norm's
 
     @classmethod
     def for_layers(
@@ -98,10 +91,10 @@ class NativeDecodeLayers:
         step: BoundDecode,  # the step's K/V store and decode attention, T sequences
     ) -> torch.Tensor:
         """``x`` after every decoder layer (the final norm is the caller's)."""
-        config = self._config
+        config = self.config
         tokens, hidden = x.shape
         heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        dtype = self._gemm.dtype
+        dtype = self.gemm.dtype
         # The C calls below trust every address: check the step's tensors here, once.
         assert x.dtype == cos.dtype == sin.dtype == dtype, f"{x.dtype}, {cos.dtype}, {dtype}"
         assert x.is_contiguous() and hidden == config.hidden_size, f"x {tuple(x.shape)}"
@@ -122,13 +115,13 @@ class NativeDecodeLayers:
         qkv_at, qk_at, attended_at, act_at = (t.data_ptr() for t in (qkv, qk, attended, act))
         element = x.element_size()
         k_at, v_at = qk_at + heads * head_dim * element, qkv_at + rotated * head_dim * element
-        linear, ops, eps = self._gemm.linear_into, self._ops, self._eps
+        linear, ops, eps = self.gemm.linear_into, self.ops, self.eps
         threads = torch.get_num_threads()
-        add, swiglu = OPS["add"], OPS["swiglu"]
-        for index, w in enumerate(self._layers):
+        none, add, swiglu = OPS["none"], OPS["add"], OPS["swiglu"]
+        for index, w in enumerate(self.layers):
             ops.rms_norm_into(x_at, hidden, tokens, w.input_norm, eps, normed_at)
             linear(
-                normed_at, hidden, tokens, w.qkv.packed_weight, qkv_width, w.qkv.bias, OPS["none"],
+                normed_at, hidden, tokens, w.qkv.packed_weight, qkv_width, w.qkv.bias, none,
                 0, 0, qkv_at, qkv_width, threads,
             )  # fmt: skip
             ops.rope_into(qkv_at, qkv_width, tokens, rotated, cos, sin, qk_at)

@@ -230,7 +230,7 @@ def test_packing_a_model_keeps_its_logits_and_is_idempotent() -> None:
     model.pack_linears()  # again: nothing changes
     assert list(model.modules()) == layers
     assert torch.equal(model.embed_tokens.weight, embedding), "the lookup table is untouched"
-    ours = [m.packed_weight for m in layers if isinstance(m, PackedLinear) and m._gemm]
+    ours = [m.packed_weight for m in layers if isinstance(m, PackedLinear) and m.gemm]
     if ours:  # our GEMMs' weights were gathered into one buffer (on huge pages)
         assert len({w.untyped_storage().data_ptr() for w in ours}) == 1
 
