@@ -92,6 +92,20 @@ def measure_roofline(dtype: torch.dtype) -> Roofline:
     return Roofline(measure_memory_bandwidth_gb_s(), measure_matmul_gflop_s(dtype))
 
 
+def best_reading(readings: Sequence[Roofline]) -> Roofline:
+    """Each quantity at its best over ``readings`` (say, before and after a long run).
+
+    Why: this machine's bandwidth and matmul rate drift by 20% and more within minutes (other
+    tenants), so one reading taken before a minute-long run can catch it at a slow moment and
+    flatter the run. Every reading is already a best of repeats; more readings spread over the
+    run only make the floor as demanding as the machine showed it can be.
+    """
+    assert readings, "no roofline readings"
+    return Roofline(
+        max(r.memory_bandwidth_gb_s for r in readings), max(r.matmul_gflop_s for r in readings)
+    )
+
+
 def _best_time_s(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up: first-touch page faults and kernel selection are not the steady state
     best_s = float("inf")

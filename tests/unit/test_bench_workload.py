@@ -6,8 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from bench.floor import ModelShape, Roofline, StepShape, simulate_schedule, step_floor_s
+from bench.engine_throughput import compute_floor, format_table
+from bench.floor import (
+    ModelShape,
+    Roofline,
+    StepShape,
+    best_reading,
+    simulate_schedule,
+    step_floor_s,
+)
 from bench.workload import (
+    RunResult,
     WorkloadSpec,
     build_workload,
     cap_output_tokens,
@@ -105,3 +114,21 @@ def test_step_floor_is_bandwidth_bound_for_decode_and_compute_bound_for_prefill(
     assert model.num_layers * model.layer_params + model.lm_head_params == pytest.approx(
         134.5e6, rel=0.01
     )
+
+
+def test_floor_takes_each_roofline_quantity_at_its_best_reading() -> None:
+    before = Roofline(memory_bandwidth_gb_s=30.0, matmul_gflop_s=400.0)
+    after = Roofline(memory_bandwidth_gb_s=36.0, matmul_gflop_s=350.0)
+    assert best_reading([before, after]) == Roofline(36.0, 400.0)
+    workload = [((1,) * 100, 20), ((2,) * 300, 5)]
+    both = compute_floor(workload, "fp32", 2048, 64, [before, after])
+    alone = compute_floor(workload, "fp32", 2048, 64, [before])
+    assert both.readings == (before, after) and both.roofline == Roofline(36.0, 400.0)
+    assert both.wall_s < alone.wall_s  # the faster reading only lowers the floor
+    ours = RunResult(
+        "pdserve", prompt_tokens=400, output_tokens=25, wall_s=3 * both.wall_s, peak_rss_bytes=0
+    )
+    table = format_table({"pdserve": ours}, both, "fp32")
+    assert "roofline read before the runs: memory 30.0 GB/s, matmul 400 GFLOP/s" in table
+    assert "roofline read after them: memory 36.0 GB/s, matmul 350 GFLOP/s" in table
+    assert "pdserve wall / floor: 3.00x" in table
