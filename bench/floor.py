@@ -3,10 +3,11 @@
 Each step costs at least ``max(bytes moved / memory bandwidth, FLOPs / matmul throughput)``:
 bytes are the weights (read once per step) plus the KV cache read and written; FLOPs are the
 linear layers, the LM head for the rows that sample, and attention (QK^T and PV). Bandwidth
-and matmul throughput are measured here, now, at the benchmark dtype. The schedule is the
-best a continuous batcher could do: every request admitted at t=0 (up to ``max_seqs``),
-decode tokens first, prompts chunked into the rest of the token budget, no KV limit, no
-per-step overhead. No real system reaches it; it says how far from the hardware we are.
+and matmul throughput are measured here at the benchmark dtype, before and after the run
+being judged, each taken at its best (``best_reading``). The schedule is the best a
+continuous batcher could do: every request admitted at t=0 (up to ``max_seqs``), decode
+tokens first, prompts chunked into the rest of the token budget, no KV limit, no per-step
+overhead. No real system reaches it; it says how far from the hardware we are.
 """
 
 from __future__ import annotations

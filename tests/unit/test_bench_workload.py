@@ -1,6 +1,6 @@
-"""The benchmark workload (determinism, exact lengths in range) and the floor's ideal
-schedule (token conservation, a hand-worked example). A byte-level tokenizer stands in for
-the model tokenizer, so no model is loaded."""
+"""The benchmark workload (determinism, exact lengths in range), the floor's ideal
+schedule (token conservation, a hand-worked example) and its roofline readings. A
+byte-level tokenizer stands in for the model tokenizer, so no model is loaded."""
 
 from __future__ import annotations
 
