@@ -111,17 +111,20 @@ class CpuAttentionBackend:
     def bind_native_decode(
         self, attn: AttentionMetadata, kv_cache: torch.Tensor, num_heads: int
     ) -> BoundDecode | None:
-        """The native kernel's calls for a step of decode tokens only (rows 0..B-1)."""
+        """The native kernel's calls for a step of decode tokens only (rows 0..B-1, taken in
+        the plan's order: ``q_rows``)."""
         data = attn.backend_data
         assert isinstance(data, _CpuStepData), f"metadata built by {attn.backend.name}"
         plan = data.decode
-        if not isinstance(plan, NativeDecodePlan) or plan.q_rows is not None or data.prefills:
+        if not isinstance(plan, NativeDecodePlan) or data.prefills:
             return None  # prefill chunks in the step (or the torch decode path)
         assert self._kernel is not None, "native decode plan without the kernel"
         assert plan.max_block_id < kv_cache.shape[0], (
             f"block {plan.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
         )
-        return self._kernel.bind(kv_cache, num_heads, plan.tables, plan.lens, None, attn.write_rows)
+        return self._kernel.bind(
+            kv_cache, num_heads, plan.tables, plan.lens, plan.q_rows, attn.write_rows
+        )
 
     def forward(
         self,

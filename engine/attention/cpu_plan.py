@@ -68,8 +68,16 @@ class PrefillPlan:
 
 
 def plan_native_decodes(layout: StepLayout, device: torch.device) -> NativeDecodePlan | None:
-    """The one-token chunks as padded int32 tables for the native kernel; None if there are none."""
-    ids = _decode_ids(layout)
+    """The one-token chunks as padded int32 tables for the native kernel, longest context first;
+    None if there are none.
+
+    Why longest first: the kernel's threads take sequences in this order as each finishes one,
+    so the step's attention ends on short sequences rather than with one thread reading a long
+    one while the other waits (longest-processing-time-first scheduling). Measured on the
+    kernel alone (bf16, 30 layers, random block ids, contexts 75-1,500, two threads, medians of
+    15 alternating runs): 8 sequences 1.07x faster, 16-32 1.01x, 48 level.
+    """
+    ids = sorted(_decode_ids(layout), key=lambda i: -layout.context_lens[i])
     if not ids:
         return None
     tables = [layout.block_tables[i] for i in ids]

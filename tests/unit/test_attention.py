@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from engine.attention import get_backend, layout_chunks
 from engine.attention.base import AttentionBackend
 from engine.attention.cpu import CpuAttentionBackend
+from engine.attention.cpu_plan import plan_native_decodes
 
 NUM_LAYERS, BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM, NUM_BLOCKS = 3, 4, 2, 6, 8, 64
 
@@ -146,6 +147,20 @@ def test_new_kv_lands_in_its_slots_and_layer_only(backend_name: str) -> None:
             torch.testing.assert_close(case.pool[block, 2, 1, offset], v[p], rtol=0, atol=0)
             touched[block, 2, :, offset] = True
     assert torch.equal(case.pool[~touched], before[~touched])
+
+
+def test_native_decode_plan_takes_the_longest_context_first() -> None:
+    chunks = [
+        Chunk(start_pos=5, num_tokens=1, block_table=(0, 1)),
+        Chunk(start_pos=12, num_tokens=1, block_table=(2, 3, 4, 5)),
+        Chunk(start_pos=0, num_tokens=3, block_table=(6,)),  # a prefill chunk: rows 2..4
+        Chunk(start_pos=8, num_tokens=1, block_table=(7, 8, 9)),
+    ]
+    plan = plan_native_decodes(layout_chunks(chunks, BLOCK_SIZE), torch.device("cpu"))
+    assert plan is not None and plan.num_seqs == 3
+    assert plan.lens.tolist() == [13, 9, 6]
+    assert plan.q_rows is not None and plan.q_rows.tolist() == [1, 5, 0]
+    assert plan.tables.tolist() == [[2, 3, 4, 5], [7, 8, 9, 0], [0, 1, 0, 0]]
 
 
 def test_short_block_table_is_rejected() -> None:
