@@ -45,11 +45,15 @@ def grpc_generate(
     max_tokens: int,
     policy: str = "",
     timeout_s: float = 120.0,
+    ignore_eos: bool = False,
 ) -> GrpcResult:
     """Greedy generation through the router's gRPC API, from token ids."""
+    params = common_pb2.SamplingParams(
+        max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos
+    )
     request = inference_pb2.GenerateTextRequest(
         token_ids=inference_pb2.TokenIds(ids=list(prompt_token_ids)),
-        params=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        params=params,
         routing_policy=policy,
     )
     token_ids: list[int] = []

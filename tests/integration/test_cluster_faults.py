@@ -99,8 +99,10 @@ def reference() -> Any:
     return offline_llm()
 
 
-def expected_ids(llm: Any, prompt_ids: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+def expected_ids(
+    llm: Any, prompt_ids: list[int], max_tokens: int = MAX_TOKENS, ignore_eos: bool = False
+) -> list[int]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
     return list(llm.generate([prompt_ids], params)[0].token_ids)
 
 
@@ -223,14 +225,17 @@ def test_scale_down_drains_a_busy_decode_worker_and_scale_up_adds_one(
     up: UpProcess, reference: Any, rds: Redis
 ) -> None:
     # Long enough that both requests are seen running at once in the workers' published
-    # loads: with 96 tokens, one full-suite run out of four timed out waiting for that.
+    # loads (one heartbeat a second). Without ignore_eos the first prompt ends after 30
+    # tokens, a window a heartbeat can miss: CI once timed out waiting for it.
     long_tokens = 192
     prompts = [reference.tokenizer.encode(p) for p in PROMPTS[:2]]
     with ThreadPoolExecutor(2) as pool:
         # Two long requests at once, on different decode workers (consecutive round-robin
         # turns), so whichever worker is drained has a request running.
         futures = [
-            pool.submit(grpc_generate, up.grpc_address, ids, long_tokens, "round_robin")
+            pool.submit(
+                grpc_generate, up.grpc_address, ids, long_tokens, "round_robin", ignore_eos=True
+            )
             for ids in prompts
         ]
         wait_until(
@@ -244,7 +249,7 @@ def test_scale_down_drains_a_busy_decode_worker_and_scale_up_adds_one(
                    "a decode worker to deregister")  # fmt: skip
         results = [f.result(timeout=300) for f in futures]
     for ids, got in zip(prompts, results, strict=True):
-        assert got.token_ids == expected_ids(reference, ids, long_tokens)
+        assert got.token_ids == expected_ids(reference, ids, long_tokens, ignore_eos=True)
     assert {got.decode_worker for got in results} == {"decode-0", "decode-1"}
     status = up.status()
     assert status["targets"]["decode"] == 1 and status["live"]["decode"] == 1
