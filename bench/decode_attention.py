@@ -82,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             layout, pool = make_step(num_seqs, context, dtype)
             gen = torch.Generator().manual_seed(num_seqs)
             q = torch.randn(num_seqs, HEADS, HEAD_DIM, generator=gen).to(dtype)
-            k, v = (torch.randn(num_seqs, KV_HEADS, HEAD_DIM, generator=gen).to(dtype),) * 2
+            k, v = (
+                torch.randn(num_seqs, KV_HEADS, HEAD_DIM, generator=gen).to(dtype) for _ in "kv"
+            )
             kv_bytes = sum(layout.context_lens) * pool[0, :, :, 0].numel() * pool.element_size()
             ms, outs = {}, {}
             for name, backend in backends.items():
