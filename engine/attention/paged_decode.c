@@ -68,6 +68,13 @@ static inline void prefetch_run(const void *start, int64_t run_bytes, int into_l
     }
 }
 
+/* What to prefetch while block j of a table is worked on: block j + 1; after the last, the
+ * thread's next item (after), if any; else block j itself (a harmless re-fetch). */
+#define NEXT_BLOCK(base, table, j, num_blocks, geo, after, this_block)                          \
+    ((j) + 1 < (num_blocks) ? (base) + (table)[(j) + 1] * (geo)->block_stride                  \
+     : (after)              ? (after)                                                          \
+                            : (this_block))
+
 /* The per-sequence work for element type ELEM (LOAD converts one element to float), as
  * three functions: NAME##_scores and NAME##_values handle the n positions of one block for
  * the kv heads [h0, h0 + nh) (rows = nh * G query heads), NAME runs them over a table.
@@ -134,9 +141,7 @@ static inline void prefetch_run(const void *start, int64_t run_bytes, int into_l
         memset(acc, 0, (size_t)(rows * D) * sizeof(float));                                    \
         for (int64_t j = 0; j < num_blocks; ++j) {                                             \
             const ELEM *k_block = base + table[j] * geo->block_stride;                         \
-            const ELEM *k_next = j + 1 < num_blocks ? base + table[j + 1] * geo->block_stride  \
-                                 : after                ? after                                \
-                                                        : k_block;                             \
+            const ELEM *k_next = NEXT_BLOCK(base, table, j, num_blocks, geo, after, k_block);  \
             const int64_t n = len - j * BS < BS ? len - j * BS : BS;                           \
             NAME##_scores(geo, k_block, k_next, n, nh, q, scores);                             \
             for (int64_t r = 0; r < rows; ++r)                                                 \
@@ -341,9 +346,7 @@ static inline void ordered_bf16(__m512 *x) {
         memset(acc, 0, (size_t)(rows * D) * sizeof(float));                                    \
         for (int64_t j = 0; j < num_blocks; ++j) {                                             \
             const ELEM *k_block = base + table[j] * geo->block_stride;                         \
-            const ELEM *k_next = j + 1 < num_blocks ? base + table[j + 1] * geo->block_stride  \
-                                 : after                ? after                                \
-                                                        : k_block;                             \
+            const ELEM *k_next = NEXT_BLOCK(base, table, j, num_blocks, geo, after, k_block);  \
             const int64_t in_block = len - j * BS < BS ? len - j * BS : BS;                    \
             for (int64_t t0 = 0; t0 < in_block; t0 += PD_LANES) {                              \
                 const int64_t n = in_block - t0 < PD_LANES ? in_block - t0 : PD_LANES;         \
@@ -516,7 +519,8 @@ int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_r
         /* Each thread claims its next item while it runs this one, so that this one's last
          * block can prefetch the next one's first: a sequence's first block is otherwise read
          * cold, once per sequence and layer. Items go out in plan order, as a dynamic
-         * schedule would hand them. */
+         * schedule would hand them; the cost: an item claimed ahead cannot go to a thread
+         * that runs out of work, which the plan's longest-first order keeps to short ones. */
         int64_t w;
 #pragma omp atomic capture
         w = claimed++;
