@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from bench.workload import (
+from pdserve.bench.workload import (
     RunResult,
     WorkloadItem,
     default_model_file,

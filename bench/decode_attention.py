@@ -1,6 +1,6 @@
 """Decode attention on the paged pool: our kernel against the best pure-torch path, side by side.
 
-    python -m bench.decode_attention [--dtype fp32|bf16] [--seqs 8,16,32,48,64]
+    python -m pdserve.bench.decode_attention [--dtype fp32|bf16] [--seqs 8,16,32,48,64]
         [--context 300,700] [--repeats 5]
 
 One decode step of B sequences (context lengths spread over 0.5-1.5x the given one), all 30
@@ -22,12 +22,12 @@ from collections.abc import Sequence
 
 import torch
 
-from bench.baselines_hf import TORCH_DTYPES
-from bench.floor import measure_memory_bandwidth_gb_s
-from bench.fused_ops import time_per_call_us
-from engine.attention.base import AttentionMetadata, StepLayout
-from engine.attention.cpu import CpuAttentionBackend
-from engine.host_memory import advise_huge_pages
+from pdserve.bench.baselines_hf import TORCH_DTYPES
+from pdserve.bench.floor import measure_memory_bandwidth_gb_s
+from pdserve.bench.fused_ops import time_per_call_us
+from pdserve.engine.attention.base import AttentionMetadata, StepLayout
+from pdserve.engine.attention.cpu import CpuAttentionBackend
+from pdserve.engine.host_memory import advise_huge_pages
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
 

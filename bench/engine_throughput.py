@@ -1,6 +1,6 @@
 """Offline engine throughput: pdserve's engine vs transformers, side by side, same workload.
 
-    python -m bench.engine_throughput --dtype fp32 [--num-requests 64] [--max-output N]
+    python -m pdserve.bench.engine_throughput --dtype fp32 [--num-requests 64] [--max-output N]
                                       [--only hf-static,hf-cb,pdserve] [--json out.json]
 
 Every system runs the same fixed seeded workload (``bench/workload.py``) in a fresh spawned
@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-from bench.baselines_hf import run_hf_continuous, run_hf_static, torch_dtype
-from bench.floor import (
+from pdserve.bench.baselines_hf import run_hf_continuous, run_hf_static, torch_dtype
+from pdserve.bench.floor import (
     ModelShape,
     Roofline,
     best_reading,
@@ -31,8 +31,8 @@ from bench.floor import (
     measure_roofline,
     simulate_schedule,
 )
-from bench.pdserve_offline import run_pdserve
-from bench.workload import (
+from pdserve.bench.pdserve_offline import run_pdserve
+from pdserve.bench.workload import (
     RunResult,
     WorkloadItem,
     WorkloadSpec,

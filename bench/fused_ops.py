@@ -1,6 +1,6 @@
 """The fused RMSNorm and RoPE against the torch code they replace, side by side.
 
-    python -m bench.fused_ops [--tokens 1,64,2048] [--repeats 200]
+    python -m pdserve.bench.fused_ops [--tokens 1,64,2048] [--repeats 200]
 
 For each dtype and token count, the time per call of each op on SmolLM2's shapes (hidden
 576; RoPE over the 9 query and 3 kv heads of 64, read from rows of the fused qkv output as
@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.model.fused_ops import FusedOps, fused_ops
-from engine.model.llama import RMSNorm
-from engine.model.rope import apply_rope_torch
+from pdserve.engine.model.fused_ops import FusedOps, fused_ops
+from pdserve.engine.model.llama import RMSNorm
+from pdserve.engine.model.rope import apply_rope_torch
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 576, 9, 3, 64
 

@@ -4,21 +4,21 @@
 1 prefill + 1 decode worker (each pinned to its own core) versus 2 colocated workers (one per
 core, the same 2 cores) -- DistServe's comparison in miniature::
 
-    python -m bench.goodput_sweep goodput --rates 0.5,1,1.5,2,3 --slo-ttft-ms 1000 \
+    python -m pdserve.bench.goodput_sweep goodput --rates 0.5,1,1.5,2,3 --slo-ttft-ms 1000 \
         --slo-itl-ms 75 --cores 0,1
 
 ``prefix``: the shared-prefix workload (8 groups x 1,024-token prefix + 64-token questions)
 on 2 prefill workers + 1 decode worker, once per routing policy::
 
-    python -m bench.goodput_sweep prefix --policies round_robin,prefix_aware
+    python -m pdserve.bench.goodput_sweep prefix --policies round_robin,prefix_aware
 
 Each setup gets a fresh `pdserve up` (``bench/up_process.py`` launches it as the cluster
 tests do: local Ray, embedded Redis, the real model, one torch thread per worker), so every
 setup starts cold and sees the same seeded requests; on stop, any process it left behind is
 killed and named. Workers are pinned with `pdserve up --cpu-affinity`; the
 router, Ray's daemons, Redis and this client are not pinned (the same for every setup).
-Requests go through ``bench.serve`` (the code behind `pdserve bench`); its table prints after
-every run. Out: a Markdown table on stdout (``--table`` also
+Requests go through ``pdserve.bench.serve`` (the code behind `pdserve bench`); its table prints
+after every run. Out: a Markdown table on stdout (``--table`` also
 writes it), one PNG (``--plot``) and, with ``--json``, every request of every run.
 
 Goodput is DistServe's: completed requests per second meeting both targets, where the ITL
@@ -37,21 +37,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.serve.arrivals import parse_rates
-from bench.serve.compare import (
+from pdserve.bench.serve.arrivals import parse_rates
+from pdserve.bench.serve.compare import (
     Series,
     goodput_table,
     plot_goodput_vs_rate,
     plot_prefix_routing,
     prefix_table,
 )
-from bench.serve.config import BenchConfig, BenchResult
-from bench.serve.datasets import RandomSpec, SharedPrefixSpec
-from bench.serve.metrics import SLO
-from bench.serve.report import format_run, result_to_dict
-from bench.serve.runner import run_benchmark
-from bench.serve.tokens import load_tokenizer
-from bench.up_process import start_up
+from pdserve.bench.serve.config import BenchConfig, BenchResult
+from pdserve.bench.serve.datasets import RandomSpec, SharedPrefixSpec
+from pdserve.bench.serve.metrics import SLO
+from pdserve.bench.serve.report import format_run, result_to_dict
+from pdserve.bench.serve.runner import run_benchmark
+from pdserve.bench.serve.tokens import load_tokenizer
+from pdserve.bench.up_process import start_up
 
 DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 GOODPUT_SETUPS = ("disagg", "colocated")
@@ -86,7 +86,7 @@ def goodput_setups(cores: tuple[int, int], wanted: Sequence[str]) -> list[Cluste
 
 def prefix_setups(policies: Sequence[str]) -> list[ClusterSetup]:
     """2 prefill + 1 decode workers, routed by each policy in turn (workers not pinned)."""
-    from router.policies import normalize_policy_name  # pure module: no grpc, no torch
+    from pdserve.router.policies import normalize_policy_name  # pure module: no grpc, no torch
 
     names = [normalize_policy_name(p) for p in policies]
     return [

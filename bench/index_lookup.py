@@ -9,7 +9,7 @@ workers at once. Latency is wall time of ``LocalityIndex.longest_prefix`` (clien
 hex, one EVALSHA, parsing); round trips are requests written to the socket, counted by a
 connection subclass.
 
-    .venv/bin/python -m bench.index_lookup [--lookups 2000] [--redis-url redis://...]
+    .venv/bin/python -m pdserve.bench.index_lookup [--lookups 2000] [--redis-url redis://...]
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any
 
 import redis
 
-from cluster.kv_events import KvEventSequencer
-from cluster.locality_index import LocalityIndex
-from cluster.redis_keys import RedisKeys
-from cluster.redis_server import embedded_or_external
-from cluster.registry import WorkerInfo, WorkerRegistry, WorkerRole
+from pdserve.cluster.kv_events import KvEventSequencer
+from pdserve.cluster.locality_index import LocalityIndex
+from pdserve.cluster.redis_server import embedded_or_external
+from pdserve.cluster.registry import WorkerInfo, WorkerRegistry, WorkerRole
+from pdserve.proto.redis_keys import RedisKeys
 
 PROMPT_BLOCKS = 256
 SYSTEM_BLOCKS = 32

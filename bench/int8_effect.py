@@ -15,7 +15,7 @@ that step's argmax agrees, and the bytes each transfer moved.
 
 Prompts: real text (``bench/workload.py``'s corpus), lengths uniform in the given range.
 
-    .venv/bin/python -m bench.int8_effect [--num-prompts 8] [--max-tokens 64]
+    .venv/bin/python -m pdserve.bench.int8_effect [--num-prompts 8] [--max-tokens 64]
         [--min-prompt-tokens 128 --max-prompt-tokens 1024] [--dtype float32] [--json out.json]
 """
 
@@ -33,13 +33,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from bench.workload import WorkloadSpec, build_workload
-from engine.config import CacheConfig, EngineConfig
-from engine.engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.scheduler.plan import BatchPlan
-from engine.worker_state import LoadedModel, load
-from kv_transfer import TransferConfig, TransferState, make_receiver, make_sender
+from pdserve.bench.workload import WorkloadSpec, build_workload
+from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.engine.engine import LLMEngine
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler.plan import BatchPlan
+from pdserve.engine.worker_state import LoadedModel, load
+from pdserve.kv_transfer import TransferConfig, TransferState, make_receiver, make_sender
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,7 +12,7 @@ bytes as a single contiguous descriptor between the same two registered pools. G
 the KV bytes in the pool dtype (so int8 rows, with ``--int8``, show the effective rate).
 The first blocks of every run are checked against the sent ones.
 
-    .venv/bin/python -m bench.kv_transfer [--tokens 2048 8192] [--repeats 5] [--int8]
+    .venv/bin/python -m pdserve.bench.kv_transfer [--tokens 2048 8192] [--repeats 5] [--int8]
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kv_transfer import KVPoolLayout, KVSender, TransferConfig, TransferState, make_sender
-from kv_transfer.metadata import decode_peer
-from kv_transfer.nixl_agent import Agent
-from kv_transfer.peer_process import EndpointSpec, PeerProcess, make_pool
+from pdserve.kv_transfer import KVPoolLayout, KVSender, TransferConfig, TransferState, make_sender
+from pdserve.kv_transfer.metadata import decode_peer
+from pdserve.kv_transfer.nixl_agent import Agent
+from pdserve.kv_transfer.peer_process import EndpointSpec, PeerProcess, make_pool
 
 NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 30, 3, 64, 16
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -22,7 +22,7 @@ when its later token arrived inside the window. Reported per setup: ITL p50/p90/
 TTFT of the long prompts, steady-stream tokens/s in the window; and the ratio
 p99(disagg) / p99(colocated), which issue 3 wants <= 0.5.
 
-    python -m bench.no_stall [--duration-s 60] [--long-every-s 3] [--streams 8]
+    python -m pdserve.bench.no_stall [--duration-s 60] [--long-every-s 3] [--streams 8]
                              [--cores 0,1] [--json out.json]
 """
 
@@ -41,7 +41,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench.no_stall_report import (
+from pdserve.bench.no_stall_report import (
     SETUPS,
     SetupResult,
     Workload,
@@ -50,12 +50,12 @@ from bench.no_stall_report import (
     setup_up_args,
     summarize_setup,
 )
-from bench.serve.datasets import BenchRequest
-from bench.serve.openai_client import OpenAIClient
-from bench.serve.outputs import RequestOptions, RequestOutput
-from bench.serve.text import TextSource, load_corpus_paragraphs
-from bench.serve.tokens import load_tokenizer
-from bench.up_process import process_cores, running_up
+from pdserve.bench.serve.datasets import BenchRequest
+from pdserve.bench.serve.openai_client import OpenAIClient
+from pdserve.bench.serve.outputs import RequestOptions, RequestOutput
+from pdserve.bench.serve.text import TextSource, load_corpus_paragraphs
+from pdserve.bench.serve.tokens import load_tokenizer
+from pdserve.bench.up_process import process_cores, running_up
 
 WORKER_COMMAND = "ray::WorkerActor"  # how a worker actor process names itself
 WARMUP_LONG_PROMPTS = 2  # one per worker of the colocated setup (the router spreads them)
@@ -180,7 +180,7 @@ def _cores(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bench.no_stall",
+        prog="python -m pdserve.bench.no_stall",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

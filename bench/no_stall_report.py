@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.serve.metrics import percentile
-from bench.serve.outputs import RequestOutput
+from pdserve.bench.serve.metrics import percentile
+from pdserve.bench.serve.outputs import RequestOutput
 
 SETUPS = ("disagg", "colocated")
 SETUP_LABELS = {"disagg": "1P+1D pinned", "colocated": "2 colocated"}

@@ -1,6 +1,6 @@
 """Our packed GEMM against oneDNN's packed GEMM, side by side.
 
-    python -m bench.packed_gemm [--dtype fp32|bf16] [--rows 1,16,64,2048] [--layers 30]
+    python -m pdserve.bench.packed_gemm [--dtype fp32|bf16] [--rows 1,16,64,2048] [--layers 30]
                                 [--huge-pages]
 
 For each row count, one pass over SmolLM2's layer linears (per layer: qkv 576 -> 960, o
@@ -21,10 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
-from bench.baselines_hf import TORCH_DTYPES
-from bench.fused_ops import time_per_call_us
-from engine.host_memory import keep_freed_memory, on_huge_pages
-from engine.model.packed_gemm import PackedGemm, gemm_for
+from pdserve.bench.baselines_hf import TORCH_DTYPES
+from pdserve.bench.fused_ops import time_per_call_us
+from pdserve.engine.host_memory import keep_freed_memory, on_huge_pages
+from pdserve.engine.model.packed_gemm import PackedGemm, gemm_for
 
 LAYER_SHAPES = ((576, 960), (576, 576), (576, 1536), (576, 1536), (1536, 576))  # (in, out)
 

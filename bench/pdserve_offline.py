@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
-from bench.workload import RunResult, WorkloadItem, peak_rss_bytes, reset_peak_rss
+from pdserve.bench.workload import RunResult, WorkloadItem, peak_rss_bytes, reset_peak_rss
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -17,7 +17,7 @@ def run_pdserve(workload: Sequence[WorkloadItem], dtype: str) -> RunResult:
 
     Model loading is outside the timed region, as for the transformers baselines.
     """
-    from engine import LLM, SamplingParams
+    from pdserve.engine import LLM, SamplingParams
 
     total_tokens = max(len(p) + o for p, o in workload)
     llm = LLM(dtype=DTYPES[dtype], max_model_len=total_tokens + 1)

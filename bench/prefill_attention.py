@@ -1,6 +1,6 @@
 """Our paged prefill kernel against torch's flash kernel, side by side.
 
-    python -m bench.prefill_attention [--dtype fp32|bf16] [--tokens 128,512,1024,2048]
+    python -m pdserve.bench.prefill_attention [--dtype fp32|bf16] [--tokens 128,512,1024,2048]
         [--prefix 0,1024]
 
 For each chunk length n and cached prefix p, one layer of SmolLM2's attention (9 query and
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import torch
 
-from bench.baselines_hf import TORCH_DTYPES
-from bench.fused_ops import time_per_call_us
-from engine.attention.cpu_prefill import attend_after_prefix, attend_fresh
-from engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
+from pdserve.bench.baselines_hf import TORCH_DTYPES
+from pdserve.bench.fused_ops import time_per_call_us
+from pdserve.engine.attention.cpu_prefill import attend_after_prefix, attend_fresh
+from pdserve.engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 2
 

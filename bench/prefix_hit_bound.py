@@ -1,6 +1,6 @@
 """How much better than round-robin can any prefix-aware router hit the prefix cache?
 
-    python -m bench.prefix_hit_bound [--groups 8] [--workers 2,3,4] [--capacity 1,2,3,4]
+    python -m pdserve.bench.prefix_hit_bound [--groups 8] [--workers 2,3,4] [--capacity 1,2,3,4]
                                      [--per-group 2,4,20] [--seeds 400]
 
 A simulation, not a run: prompts of ``--groups`` groups, each group's prompts sharing one

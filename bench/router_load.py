@@ -1,6 +1,6 @@
 """Load for bench/router_overhead.py: the calls, load-client processes, CPU accounting.
 
-A load client is a process of its own (``python -m bench.router_load ...``) so that the
+A load client is a process of its own (``python -m pdserve.bench.router_load ...``) so that the
 client is not the bottleneck: K of them drive the router (or a stub directly) together.
 Each connects and warms up, prints ``ready``, waits for ``go`` on stdin, runs its share
 and prints one JSON line: its requests, seconds and CPU seconds.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = list(range(1, 33))  # 32 token ids: two full blocks
@@ -215,7 +215,7 @@ def run_clients(
     in_flight = [concurrency // clients + (i < concurrency % clients) for i in range(clients)]
     procs = [
         spawn_module(
-            "bench.router_load",
+            "pdserve.bench.router_load",
             [
                 *("--requests", str(n), "--concurrency", str(max(1, c))),
                 *("--max-tokens", str(shape.max_tokens), "--loop", shape.loop),
@@ -271,7 +271,7 @@ async def _client(args: argparse.Namespace) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from router.event_loop import run
+    from pdserve.router.event_loop import run
 
     parser = argparse.ArgumentParser(description="One load-client process (see the docstring).")
     parser.add_argument("--requests", type=int, required=True)

@@ -1,6 +1,6 @@
 """Router overhead on loopback: added latency, sustained requests/s and CPU per request.
 
-    python -m bench.router_overhead [--mode colocated|disagg] [--requests 4000]
+    python -m pdserve.bench.router_overhead [--mode colocated|disagg] [--requests 4000]
                                     [--concurrency 64] [--clients 2] [--router-processes 1]
                                     [--loop auto|uvloop|asyncio] [--latency-requests 300]
                                     [--max-tokens 4] [--locality] [--json out.json]
@@ -40,7 +40,7 @@ from typing import Any
 
 import grpc
 
-from bench.router_load import (
+from pdserve.bench.router_load import (
     LoadResult,
     LoadShape,
     cpu_used_s,
@@ -50,9 +50,9 @@ from bench.router_load import (
     spawn_module,
     tree_cpu_s,
 )
-from router.config import RouterConfig
-from router.event_loop import LOOP_KINDS, LoopKind, resolve, run
-from router.service import RouterService
+from pdserve.router.config import RouterConfig
+from pdserve.router.event_loop import LOOP_KINDS, LoopKind, resolve, run
+from pdserve.router.service import RouterService
 
 READY = "router ready:"  # what the router process prints once every process serves
 
@@ -88,9 +88,9 @@ async def bench_router(
 ) -> RouterService:
     """The router with its default policy, in front of ``id=role@host:port`` workers; with
     ``redis_url``, also a Redis locality index and the engine's block hasher."""
-    from router.directory import StaticWorkerDirectory, WorkerInfo
-    from router.policies import WorkerRole
-    from router.service import start_router
+    from pdserve.router.policies import WorkerRole
+    from pdserve.router.service import start_router
+    from pdserve.router.state.directory import StaticWorkerDirectory, WorkerInfo
 
     infos = []
     for spec in workers:
@@ -100,12 +100,12 @@ async def bench_router(
     directory = StaticWorkerDirectory(infos)
     if redis_url is None:
         return await start_router(config, BenchTokenizer(), directory)
-    from cluster.locality_index import LocalityIndex
-    from cluster.redis_keys import RedisKeys
-    from cluster.router_start import RedisRouterSpec
-    from cluster.router_wiring import RedisLocality
-    from router.batched_lookups import BatchedLookups
-    from router.locality import engine_prompt_hasher
+    from pdserve.cluster.locality_index import LocalityIndex
+    from pdserve.cluster.router_start import RedisRouterSpec
+    from pdserve.cluster.router_wiring import RedisLocality
+    from pdserve.proto.redis_keys import RedisKeys
+    from pdserve.router.state.batched_lookups import BatchedLookups
+    from pdserve.router.state.locality import engine_prompt_hasher
 
     client = RedisRouterSpec(redis_url, "pdserve-bench", 10.0, BenchTokenizer.model_id).client()
     locality = RedisLocality(LocalityIndex(client, RedisKeys("pdserve-bench")))
@@ -117,7 +117,7 @@ async def bench_router(
 async def serve_router(
     workers: Sequence[str], port: int, processes: int, loop: LoopKind, redis_url: str | None
 ) -> None:
-    from router.processes import start_router_processes
+    from pdserve.router.processes import start_router_processes
 
     config = RouterConfig(grpc_port=port, http_port=0, max_concurrent_requests=100_000)
     factory = partial(bench_router, tuple(workers), redis_url)
@@ -246,7 +246,7 @@ def start_processes(
         serve += ["--redis-url", redis_url]
     procs.append(
         spawn_module(
-            "bench.router_overhead",
+            "pdserve.bench.router_overhead",
             [*serve, "--serve-router", router, *specs],
             stdout=subprocess.PIPE,
         )
@@ -268,7 +268,7 @@ def wait_router(proc: subprocess.Popen[bytes]) -> None:
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     if not args.locality:
         return run_bench_with(args, None)
-    from cluster.redis_server import RedisServer
+    from pdserve.cluster.redis_server import RedisServer
 
     with RedisServer() as redis_server:
         return run_bench_with(args, redis_server.url)

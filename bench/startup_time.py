@@ -1,8 +1,8 @@
 """Time from `pdserve up` to the first answered request, with where the time goes.
 
-    python -m bench.startup_time [--runs 1] [--prefill 1 --decode 1] [-- extra `up` flags]
+    python -m pdserve.bench.startup_time [--runs 1] [--prefill 1 --decode 1] [-- extra `up` flags]
 
-Each run launches ``python -m cluster.cli up`` as a user would (fresh process, local Ray,
+Each run launches ``python -m pdserve.cluster.cli up`` as a user would (fresh process, local Ray,
 embedded Redis, workers as Ray actors loading the real model), polls for its state file,
 sends one greedy OpenAI completion (8 tokens) over HTTP, then stops it with SIGTERM and
 times that too. Phases come from the launcher's own log lines (timestamps to the ms):
@@ -52,7 +52,7 @@ def run_once(up_args: list[str], timeout_s: float) -> StartupRun:
     with tempfile.TemporaryDirectory(prefix="pdserve-startup-") as tmp:
         state = Path(tmp) / "up.json"
         log = Path(tmp) / "up.log"
-        command = [sys.executable, "-m", "cluster.cli", "up", "--http-port", "0"]
+        command = [sys.executable, "-m", "pdserve.cluster.cli", "up", "--http-port", "0"]
         command += ["--grpc-port", "0", "--state-file", str(state), *up_args]
         launched_wall = time.time()
         launched = time.monotonic()

@@ -1,6 +1,6 @@
 """Where our engine's time goes against the floor, step by step.
 
-    python -m bench.step_profile --dtype bf16 [--num-requests 64] [--max-output N]
+    python -m pdserve.bench.step_profile --dtype bf16 [--num-requests 64] [--max-output N]
 
 Runs the engine throughput workload (``bench/workload.py``) through our engine alone, times
 every engine step, and applies the floor of ``bench/floor.py`` to each step the engine
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.baselines_hf import torch_dtype
-from bench.engine_throughput import load_workload
-from bench.floor import (
+from pdserve.bench.baselines_hf import torch_dtype
+from pdserve.bench.engine_throughput import load_workload
+from pdserve.bench.floor import (
     ModelShape,
     Roofline,
     StepShape,
@@ -33,16 +33,16 @@ from bench.floor import (
     measure_roofline,
     step_costs_s,
 )
-from bench.pdserve_offline import DTYPES
-from engine.engine import LLMEngine
-from engine.outputs import StepOutput
-from engine.scheduler.plan import BatchPlan
+from pdserve.bench.pdserve_offline import DTYPES
+from pdserve.engine.engine import LLMEngine
+from pdserve.engine.outputs import StepOutput
+from pdserve.engine.scheduler.plan import BatchPlan
 
 DECODE_BUCKET = 16  # decode-only steps are grouped by batch size, rounded up to this
 
 
 def step_shape(plan: BatchPlan) -> StepShape:
-    """The cost-relevant shape of a step the engine ran (see ``bench.floor.StepShape``)."""
+    """The cost-relevant shape of a step the engine ran (see ``pdserve.bench.floor.StepShape``)."""
     chunks = plan.chunks
     # token j (0-based) of a chunk starting at position s attends to s + j + 1 positions
     attended = sum(
@@ -147,7 +147,7 @@ class StepRecorder:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from engine import LLM, SamplingParams
+    from pdserve.engine import LLM, SamplingParams
 
     args = _parse_args(argv)
     workload = load_workload(args.num_requests, args.max_output, seed=0)

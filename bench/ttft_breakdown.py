@@ -1,6 +1,6 @@
 """Where time to first token goes: disaggregated (1 prefill + 1 decode worker, NIXL) vs colocated.
 
-Method: three worker processes (``python -m cluster.worker_server``: a prefill and a decode
+Method: three worker processes (``python -m pdserve.worker.server``: a prefill and a decode
 worker over NIXL, and one colocated worker; prefix caching off, so every prompt is computed
 and sent whole) serve the same prompts, one request at a time, each prompt first
 disaggregated then colocated. Prompts are real text (``bench/workload.py``'s corpus), cut to
@@ -25,7 +25,7 @@ transfer) is shown too. Medians over ``--repeats``; ``xfer %`` is the median of 
 per-request share of the transfer in the disaggregated TTFT (issue 3's target: < 15% at
 2,048 tokens); ``vs coloc`` divides the disaggregated TTFT by the colocated one.
 
-    .venv/bin/python -m bench.ttft_breakdown [--tokens 128 512 2048] [--repeats 5]
+    .venv/bin/python -m pdserve.bench.ttft_breakdown [--tokens 128 512 2048] [--repeats 5]
         [--prefill-core 0 --decode-core 1 --colocated-core 0] [--json out.json]
 """
 
@@ -43,9 +43,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from bench.ttft_workers import WorkerProcess, start_workers
-from bench.workload import WorkloadSpec, build_workload, default_model_file, load_tokenize
-from pdserve_proto import common_pb2, worker_pb2
+from pdserve.bench.ttft_workers import WorkerProcess, start_workers
+from pdserve.bench.workload import WorkloadSpec, build_workload, default_model_file, load_tokenize
+from pdserve.proto import common_pb2, worker_pb2
 
 BLOCK_SIZE = 16
 RPC_TIMEOUT_S = 600.0

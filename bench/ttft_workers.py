@@ -1,6 +1,6 @@
 """Worker processes for bench/ttft_breakdown.py: a prefill, a decode and a colocated worker.
 
-Each is ``python -m cluster.worker_server`` on a free loopback port (``--port 0``), found
+Each is ``python -m pdserve.worker.server`` on a free loopback port (``--port 0``), found
 through its ``--ready-file`` once its model is loaded and warm. Children get
 PR_SET_PDEATHSIG (they die with the benchmark) and may be pinned to one core each; on exit
 every worker gets SIGTERM, then SIGKILL if it has not stopped.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import grpc
 
-from bench.up_process import terminate
-from pdserve_proto import worker_pb2_grpc
+from pdserve.bench.up_process import terminate
+from pdserve.proto import worker_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 900.0
@@ -79,7 +79,7 @@ def launch(role: str, work_dir: Path, args: list[str], core: int | None) -> Work
     ready = work_dir / f"ttft-{role}.ready.json"
     ready.unlink(missing_ok=True)
     log_path = work_dir / f"ttft-{role}.log"
-    command = [sys.executable, "-m", "cluster.worker_server", "--role", role, "--port", "0"]
+    command = [sys.executable, "-m", "pdserve.worker.server", "--role", role, "--port", "0"]
     command += ["--worker-id", f"ttft-{role}", "--ready-file", str(ready), *args]
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(

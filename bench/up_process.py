@@ -1,7 +1,7 @@
 """`pdserve up` as a child process of a benchmark: start, wait until serving, stop, no orphans.
 
-The child runs ``python -m cluster.cli up`` from the repository root (so Ray's workers import
-this checkout) with its output in a log file, and gets PR_SET_PDEATHSIG: if the benchmark
+The child runs ``python -m pdserve.cluster.cli up`` from the repository root (so Ray's workers
+import this checkout) with its output in a log file, and gets PR_SET_PDEATHSIG: if the benchmark
 dies, the cluster gets SIGTERM and stops itself. ``stop`` sends SIGTERM, waits for the
 cluster's own orderly shutdown (router, workers, Ray, Redis), then checks that nothing it
 had started is still alive; stragglers are killed one by one, by pid, and reported.
@@ -76,7 +76,14 @@ class UpProcess:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run another pdserve command against this cluster (via its state file)."""
-        command = [sys.executable, "-m", "cluster.cli", *args, "--state-file", str(self.state_file)]
+        command = [
+            sys.executable,
+            "-m",
+            "pdserve.cluster.cli",
+            *args,
+            "--state-file",
+            str(self.state_file),
+        ]
         return subprocess.run(
             command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False
         )
@@ -123,7 +130,7 @@ def start_up(
     work_dir.mkdir(parents=True, exist_ok=True)
     state_file, log_path = work_dir / "up.json", work_dir / "up.log"
     state_file.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "cluster.cli", "up", *BASE_ARGS, *args]
+    command = [sys.executable, "-m", "pdserve.cluster.cli", "up", *BASE_ARGS, *args]
     command += ["--state-file", str(state_file)]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with log_path.open("wb") as log_file:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 # other threads use gRPC; the child execs at once and needs none of them.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from cluster import cli_bench, cli_generate, cli_status, cli_up
+from pdserve.cluster import cli_bench, cli_generate, cli_status, cli_up
 
 DESCRIPTION = """\
 pdserve: a disaggregated prefill/decode LLM serving cluster.

@@ -1,8 +1,8 @@
 """`pdserve bench`: load the router like users do, or (`--offline`) the engine alone.
 
-`pdserve bench --offline [ARGS]` hands ARGS to ``bench.engine_throughput`` (pdserve's engine
+`pdserve bench --offline [ARGS]` hands ARGS to ``pdserve.bench.engine_throughput`` (pdserve's engine
 vs transformers on one fixed workload); without ``--offline`` it is the serving benchmark of
-``bench.serve`` (datasets, Poisson arrivals, TTFT/TPOT/ITL percentiles, goodput).
+``pdserve.bench.serve`` (datasets, Poisson arrivals, TTFT/TPOT/ITL percentiles, goodput).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="ARGS",
         help="run the offline engine throughput benchmark with ARGS "
-        "(see `python -m bench.engine_throughput --help`)",
+        "(see `python -m pdserve.bench.engine_throughput --help`)",
     )
-    from bench.serve.cli import add_serve_arguments
+    from pdserve.bench.serve.cli import add_serve_arguments
 
     add_serve_arguments(p)
     p.set_defaults(run=run)
@@ -34,10 +34,10 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.offline is not None:
-        from bench.engine_throughput import main
+        from pdserve.bench.engine_throughput import main
 
         main(args.offline)
         return 0
-    from bench.serve.cli import run_serve_bench
+    from pdserve.bench.serve.cli import run_serve_bench
 
     return run_serve_bench(args)

@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine import LLM, SamplingParams
+    from pdserve.engine import LLM, SamplingParams
 
     params = SamplingParams(
         max_tokens=args.max_tokens,

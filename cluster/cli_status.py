@@ -11,10 +11,10 @@ from typing import Any
 
 import redis
 
-from cluster.redis_keys import BLOCK_BITS_NS, RedisKeys
-from cluster.redis_server import connect, redacted_url
-from cluster.registry import WorkerInfo, WorkerRegistry
-from cluster.settings import Settings
+from pdserve.cluster.redis_server import connect, redacted_url
+from pdserve.cluster.registry import WorkerInfo, WorkerRegistry
+from pdserve.cluster.settings import Settings
+from pdserve.proto.redis_keys import BLOCK_BITS_NS, RedisKeys
 
 ROLES = ("prefill", "decode", "colocated")
 

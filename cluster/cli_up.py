@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from cluster.cpu_affinity import parse_cpu_affinity
-from cluster.settings import Settings
+from pdserve.cluster.cpu_affinity import parse_cpu_affinity
+from pdserve.cluster.settings import Settings
 
 DEFAULT_STATE_FILE = Path.home() / ".pdserve" / "up.json"
 
@@ -43,7 +43,7 @@ def add_parser(sub: Any) -> None:
     add("--num-blocks", type=int, default=None, help="KV pool blocks per worker")
     add("--block-size", type=int, default=16)
     add("--worker-arg", action="append", default=[], metavar="ARG",
-        help="extra flag for every worker (see python -m cluster.worker_server -h)")  # fmt: skip
+        help="extra flag for every worker (see python -m pdserve.worker.server -h)")  # fmt: skip
     add("--policy", default=None, help="default routing policy of the router")
     add("--router-processes", type=int, default=1, metavar="N",
         help="router processes sharing the ports (SO_REUSEPORT): one serves about 1,000 "
@@ -62,7 +62,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run_up_command(args: argparse.Namespace) -> int:
-    from cluster.up import run_up
+    from pdserve.cluster.up import run_up
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -72,12 +72,12 @@ def run_up_command(args: argparse.Namespace) -> int:
 
 def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
     """Flags + settings -> UpConfig (ValueError on a bad combination)."""
-    from cluster.pool_manager import PoolTargets
-    from cluster.ray_pools import ActorResources
-    from cluster.up import UpConfig
-    from cluster.worker_agent import AgentConfig
-    from cluster.worker_host import WorkerLaunch
-    from router.config import RouterConfig
+    from pdserve.cluster.pool_manager import PoolTargets
+    from pdserve.cluster.ray_pools import ActorResources
+    from pdserve.cluster.up import UpConfig
+    from pdserve.cluster.worker_agent import AgentConfig
+    from pdserve.router.config import RouterConfig
+    from pdserve.worker.host import WorkerLaunch
 
     colocated_only = args.colocated > 0 and args.prefill is None and args.decode is None
     default_pool = 0 if colocated_only else 1
@@ -157,8 +157,8 @@ def _add_scale_parser(sub: Any) -> None:
 
 
 def run_scale_command(args: argparse.Namespace) -> int:
-    from cluster.cli_status import connect_from_args
-    from cluster.pool_control import PoolTargetStore
+    from pdserve.cluster.cli_status import connect_from_args
+    from pdserve.cluster.pool_control import PoolTargetStore
 
     client, keys, _url = connect_from_args(args)
     store = PoolTargetStore(client, keys)

@@ -6,7 +6,7 @@ lost event (gap in seq). A ``KvSnapshot`` replaces everything the index holds fo
 workers send one when asked (gap, lease lost, Redis restarted).
 
 Block hashes are opaque to the index: 64-bit ints or 8-byte strings
-(see :func:`cluster.redis_keys.block_hash_bytes`; the index checks them when it packs them).
+(see :func:`pdserve.proto.redis_keys.block_hash_bytes`; the index checks them when it packs them).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cluster.redis_keys import check_worker_id
+from pdserve.proto.redis_keys import check_worker_id
 
 BlockHash = int | bytes
 

@@ -33,9 +33,16 @@ from enum import IntEnum
 
 import redis
 
-from cluster.kv_events import KvCleared, KvEvent, KvRemoved, KvSnapshot, KvStored, validate_event
-from cluster.locality_scripts import APPLY_SCRIPT, LONGEST_PREFIX_SCRIPT, SWEEP_SCRIPT
-from cluster.redis_keys import (
+from pdserve.cluster.kv_events import (
+    KvCleared,
+    KvEvent,
+    KvRemoved,
+    KvSnapshot,
+    KvStored,
+    validate_event,
+)
+from pdserve.cluster.locality_scripts import APPLY_SCRIPT, LONGEST_PREFIX_SCRIPT, SWEEP_SCRIPT
+from pdserve.proto.redis_keys import (
     RedisKeys,
     check_worker_id,
     pack_block_hashes,

@@ -2,15 +2,15 @@
 Redis, one EVALSHA each (see cluster/locality_index.py for the rules they implement and
 docs/redis-schema.md for the keys).
 
-Key namespaces are substituted from ``cluster.redis_keys.LUA_NAMESPACES`` (``$worker_ns`` ...),
-so scripts and Python build the same names; the prefix itself comes in ``ARGV[1]``.
+Key namespaces are substituted from ``pdserve.proto.redis_keys.LUA_NAMESPACES`` (``$worker_ns``
+...), so scripts and Python build the same names; the prefix itself comes in ``ARGV[1]``.
 """
 
 from __future__ import annotations
 
 from string import Template
 
-from cluster.redis_keys import LUA_NAMESPACES
+from pdserve.proto.redis_keys import LUA_NAMESPACES
 
 # Shared by all scripts: key namespaces under ARGV[1] (the prefix) and entry removal.
 _PRELUDE = """

@@ -10,8 +10,8 @@ import logging
 
 import redis
 
-from cluster.pool_manager import PoolTargets
-from cluster.redis_keys import RedisKeys
+from pdserve.cluster.pool_manager import PoolTargets
+from pdserve.proto.redis_keys import RedisKeys
 
 log = logging.getLogger("pdserve.pool_control")
 

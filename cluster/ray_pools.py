@@ -1,7 +1,7 @@
 """Ray side of the pools: one actor per worker, scaling, replacing lost workers.
 
 Each worker is a Ray actor (``WorkerActor``) whose process hosts one worker server
-(cluster/worker_host.py); the actor starts it in ``__init__``, so when Ray restarts a dead
+(worker/host.py); the actor starts it in ``__init__``, so when Ray restarts a dead
 actor (``max_restarts``) the new incarnation loads, warms up and registers by itself, with
 a new epoch: the locality index then drops the old incarnation's entries. The pool only
 steps in when Ray gives up (restarts exhausted): it starts a replacement in the same slot.
@@ -26,8 +26,8 @@ from ray.exceptions import (
     RayTaskError,
 )
 
-from cluster.pool_manager import MemberState, PoolMember, ScaleDecision, plan_scale
-from cluster.worker_host import HostedWorker, WorkerHost, WorkerLaunch
+from pdserve.cluster.pool_manager import MemberState, PoolMember, ScaleDecision, plan_scale
+from pdserve.worker.host import HostedWorker, WorkerHost, WorkerLaunch
 
 log = logging.getLogger("pdserve.pools")
 

@@ -15,7 +15,7 @@ from enum import IntEnum, StrEnum
 
 import redis
 
-from cluster.redis_keys import RedisKeys, check_worker_id
+from pdserve.proto.redis_keys import RedisKeys, check_worker_id
 
 
 class WorkerRole(StrEnum):

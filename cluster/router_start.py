@@ -14,18 +14,18 @@ from dataclasses import dataclass, replace
 
 import redis
 
-from cluster.redis_keys import RedisKeys
-from cluster.registry import WorkerRegistry
-from cluster.router_wiring import (
+from pdserve.cluster.registry import WorkerRegistry
+from pdserve.cluster.router_wiring import (
     RedisLocality,
     RedisWorkerDirectory,
     RouterTokenizer,
     load_router_tokenizer,
 )
-from router.batched_lookups import BatchedLookups
-from router.config import RouterConfig
-from router.locality import engine_prompt_hasher
-from router.service import RouterService, start_router
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.router.config import RouterConfig
+from pdserve.router.service import RouterService, start_router
+from pdserve.router.state.batched_lookups import BatchedLookups
+from pdserve.router.state.locality import engine_prompt_hasher
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class RedisRouterSpec:
 
     def sources(self, client: redis.Redis) -> tuple[RedisWorkerDirectory, RedisLocality]:
         """The started worker directory and the locality index, over ``client``."""
-        from cluster.locality_index import LocalityIndex
+        from pdserve.cluster.locality_index import LocalityIndex
 
         keys = RedisKeys(self.key_prefix)
         index = LocalityIndex(client, keys)

@@ -22,10 +22,10 @@ from typing import Any
 
 import redis
 
-from cluster import registry as reg
-from cluster.locality_index import LocalityIndex
-from router.directory import WorkerInfo
-from router.policies import WorkerLoad, WorkerRole
+from pdserve.cluster import registry as reg
+from pdserve.cluster.locality_index import LocalityIndex
+from pdserve.router.policies import WorkerLoad, WorkerRole
+from pdserve.router.state.directory import WorkerInfo
 
 log = logging.getLogger("pdserve.router_wiring")
 
@@ -52,7 +52,8 @@ def merge_after_restart(
 
 
 class RedisWorkerDirectory:
-    """``router.directory.WorkerDirectory`` over the Redis registry, refreshed in a thread."""
+    """``pdserve.router.state.directory.WorkerDirectory`` over the Redis registry, refreshed in a
+    thread."""
 
     def __init__(
         self,
@@ -126,7 +127,8 @@ class RedisWorkerDirectory:
 
 
 class RedisLocality:
-    """``router.locality.LocalityIndex`` over the Redis index, with a load-only fallback."""
+    """``pdserve.router.state.locality.LocalityIndex`` over the Redis index, with a load-only
+    fallback."""
 
     def __init__(self, index: LocalityIndex, retry_s: float = 1.0) -> None:
         self._index = index
@@ -204,9 +206,9 @@ class RouterTokenizer:
 def load_router_tokenizer(model: str) -> RouterTokenizer:
     """Tokenizer and context length of ``--model`` (reads the tokenizer and the model's
     metadata, not its weights)."""
-    from engine.model.loader import load_model_config
-    from engine.model.registry import resolve_model
-    from engine.tokenizer import load_tokenizer
+    from pdserve.engine.model.loader import load_model_config
+    from pdserve.engine.model.registry import resolve_model
+    from pdserve.engine.tokenizer import load_tokenizer
 
     source = resolve_model(model)
     config = load_model_config(source)

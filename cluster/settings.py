@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from cluster.cpu_affinity import CpuAffinity, parse_cpu_affinity
+from pdserve.cluster.cpu_affinity import CpuAffinity, parse_cpu_affinity
 
 T = TypeVar("T")
 PREFIX = "PDSERVE_"

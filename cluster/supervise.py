@@ -8,11 +8,11 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from cluster.pool_control import PoolTargetStore
-from cluster.pool_manager import PoolTargets
-from cluster.ray_pools import RayWorkerPool
-from cluster.redis_server import RedisServer, RedisServerConfig
-from cluster.router_wiring import RedisWorkerDirectory
+from pdserve.cluster.pool_control import PoolTargetStore
+from pdserve.cluster.pool_manager import PoolTargets
+from pdserve.cluster.ray_pools import RayWorkerPool
+from pdserve.cluster.redis_server import RedisServer, RedisServerConfig
+from pdserve.cluster.router_wiring import RedisWorkerDirectory
 
 log = logging.getLogger("pdserve.up")
 

@@ -33,20 +33,24 @@ from typing import Any
 
 import ray
 
-from cluster.pool_control import PoolTargetStore
-from cluster.pool_manager import PoolTargets
-from cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
-from cluster.ray_pools import ActorResources, RayWorkerPool
-from cluster.redis_keys import RedisKeys
-from cluster.redis_server import redacted_url
-from cluster.router_start import RedisRouterSpec, router_process, start_redis_router
-from cluster.router_wiring import RedisWorkerDirectory, RouterTokenizer, load_router_tokenizer
-from cluster.supervise import SupervisedRedis, embedded_redis, supervise
-from cluster.worker_host import WorkerLaunch
-from router.config import RouterConfig
-from router.event_loop import run as run_loop
-from router.processes import RouterProcesses, spawn_routers
-from router.service import RouterService
+from pdserve.cluster.pool_control import PoolTargetStore
+from pdserve.cluster.pool_manager import PoolTargets
+from pdserve.cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
+from pdserve.cluster.ray_pools import ActorResources, RayWorkerPool
+from pdserve.cluster.redis_server import redacted_url
+from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
+from pdserve.cluster.router_wiring import (
+    RedisWorkerDirectory,
+    RouterTokenizer,
+    load_router_tokenizer,
+)
+from pdserve.cluster.supervise import SupervisedRedis, embedded_redis, supervise
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.router.config import RouterConfig
+from pdserve.router.event_loop import run as run_loop
+from pdserve.router.processes import RouterProcesses, spawn_routers
+from pdserve.router.service import RouterService
+from pdserve.worker.host import WorkerLaunch
 
 log = logging.getLogger("pdserve.up")
 ROLES = ("prefill", "decode", "colocated")

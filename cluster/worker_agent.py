@@ -30,17 +30,17 @@ from dataclasses import dataclass
 
 import redis
 
-from cluster.kv_events import BlockHash, KvEvent, KvEventSequencer
-from cluster.locality_index import ApplyStatus, LocalityIndex
-from cluster.redis_keys import RedisKeys
-from cluster.registry import (
+from pdserve.cluster.kv_events import BlockHash, KvEvent, KvEventSequencer
+from pdserve.cluster.locality_index import ApplyStatus, LocalityIndex
+from pdserve.cluster.registry import (
     HeartbeatStatus,
     WorkerInfo,
     WorkerLoad,
     WorkerRegistry,
     WorkerRole,
 )
-from engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
+from pdserve.engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
+from pdserve.proto.redis_keys import RedisKeys
 
 log = logging.getLogger("pdserve.agent")
 

@@ -1,4 +1,4 @@
-"""Decode-role settings (one frozen dataclass; cluster/worker_server.py builds it)."""
+"""Decode-role settings (one frozen dataclass; worker/server.py builds it)."""
 
 from __future__ import annotations
 

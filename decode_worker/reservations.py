@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kv_transfer import TransferHandle
+    from pdserve.kv_transfer import TransferHandle
 
 
 @dataclass(slots=True, eq=False)

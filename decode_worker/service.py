@@ -20,33 +20,29 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from decode_worker.config import DecodeConfig
-from decode_worker.convert import (
-    destination_to_proto,
-    first_token_from_proto,
-    params_from_proto,
-    step_to_chunk,
-)
-from decode_worker.reservations import Reservation, ReservationTable
-from engine.async_engine import AsyncEngine
-from engine.kv_cache import ImportReservation
-from engine.sampling_params import SamplingParams
-from engine.wire_fields import check_prompt, check_request_id
-from kv_transfer import (
+from pdserve.decode_worker.config import DecodeConfig
+from pdserve.decode_worker.reservations import Reservation, ReservationTable
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.engine.kv_cache import ImportReservation
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.kv_transfer import (
     KVReceiver,
     TransferConfig,
     TransferState,
     TransferStats,
     make_receiver,
 )
-from kv_transfer.handoff import (
+from pdserve.kv_transfer.handoff import (
     KVDestination,
     PreconditionFailed,
     TransferFailed,
     TransferTimedOut,
     await_handle,
 )
-from pdserve_proto import common_pb2, worker_pb2
+from pdserve.proto import common_pb2, worker_pb2
+from pdserve.proto.params import params_from_proto
+from pdserve.worker.checks import check_prompt, check_request_id
+from pdserve.worker.convert import destination_to_proto, first_token_from_proto, step_to_chunk
 
 log = logging.getLogger(__name__)
 

@@ -7,22 +7,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.sampling_params import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.engine import LLMEngine
-    from engine.llm import LLM
+    from pdserve.engine.engine import LLMEngine
+    from pdserve.engine.llm import LLM
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
-        from engine.llm import LLM
+        from pdserve.engine.llm import LLM
 
         return LLM
     if name == "LLMEngine":
-        from engine.engine import LLMEngine
+        from pdserve.engine.engine import LLMEngine
 
         return LLMEngine
     raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -19,15 +19,15 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from engine.command_queue import CommandQueue
-from engine.engine_stats import EngineStats, engine_stats
-from engine.output_sink import END, OutputSink
-from engine.outputs import StepOutput
-from engine.sampling_params import SamplingParams
+from pdserve.engine.command_queue import CommandQueue
+from pdserve.engine.engine_stats import EngineStats, engine_stats
+from pdserve.engine.output_sink import END, OutputSink
+from pdserve.engine.outputs import StepOutput
+from pdserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.engine import LLMEngine
-    from engine.kv_cache import ImportReservation
+    from pdserve.engine.engine import LLMEngine
+    from pdserve.engine.kv_cache import ImportReservation
 
 log = logging.getLogger(__name__)
 

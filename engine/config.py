@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from engine.scheduler import SchedulerConfig
+from pdserve.engine.scheduler import SchedulerConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DTYPES = ("float32", "bfloat16")

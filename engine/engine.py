@@ -8,15 +8,15 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.kv_cache import ImportReservation
-from engine.outputs import StepOutput, TokenLogprob
-from engine.sampler import Sampler, SampleRequest, SampleResult
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, Sequence, SequenceUpdate
-from engine.stop_strings import StopStringMatcher
-from engine.tokenizer import IncrementalDetokenizer
-from engine.worker_state import LoadedModel, build_worker_state
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.kv_cache import ImportReservation
+from pdserve.engine.outputs import StepOutput, TokenLogprob
+from pdserve.engine.sampler import Sampler, SampleRequest, SampleResult
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler import Scheduler, Sequence, SequenceUpdate
+from pdserve.engine.stop_strings import StopStringMatcher
+from pdserve.engine.tokenizer import IncrementalDetokenizer
+from pdserve.engine.worker_state import LoadedModel, build_worker_state
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.engine import LLMEngine
+    from pdserve.engine.engine import LLMEngine
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,12 +7,12 @@ from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.outputs import CompletionOutput, RequestOutput, StepOutput
-from engine.sampling_params import SamplingParams
-from engine.tokenizer import Tokenizer
-from engine.worker_state import LoadedModel
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.engine import LLMEngine
+from pdserve.engine.outputs import CompletionOutput, RequestOutput, StepOutput
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.tokenizer import Tokenizer
+from pdserve.engine.worker_state import LoadedModel
 
 Prompt = str | Sequence[int]
 

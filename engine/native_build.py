@@ -1,12 +1,13 @@
 """Build the engine's C sources into shared libraries at first use, and load them (ctypes).
 
-A C source ships with the package; the first process that wants it compiles it with the
-system C compiler (``cc``, about a second) into the pdserve cache directory, keyed by the
-source (with the local headers it includes), the flags and this CPU's feature flags
-(``-march=native``), and later processes load that file. The result is written to a
-temporary name and renamed, so workers starting at once never load a half-written library.
-Without a compiler, or on a failed build, the loader logs why and callers keep their torch
-path.
+Every C source and header lives in ``engine/csrc/``; each kernel's Python wrapper, next to
+the code that calls it, names its source there. The first process that wants a library
+compiles it with the system C compiler (``cc``, about a second) into the pdserve cache
+directory, keyed by the source (with the local headers it includes), the flags and this
+CPU's feature flags (``-march=native``), and later processes load that file. The result is
+written to a temporary name and renamed, so workers starting at once never load a
+half-written library. Without a compiler, or on a failed build, the loader logs why and
+callers keep their torch path.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from engine.paths import cache_dir
+from pdserve.engine.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
+CSRC = Path(__file__).with_name("csrc")  # every C source and header of the engine
 BUILD_TIMEOUT_S = 120
 # What every library is built with; a source adds its own floating-point flags.
 BASE_CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionBackend, get_backend, layout_chunks, token_positions
-from engine.host_memory import advise_huge_pages, keep_freed_memory
-from engine.model.config import ModelConfig
-from engine.model.llama import LlamaModel
-from engine.model.packed_linear import can_pack
-from engine.scheduler.plan import BatchPlan
+from pdserve.engine.attention import AttentionBackend, get_backend, layout_chunks, token_positions
+from pdserve.engine.host_memory import advise_huge_pages, keep_freed_memory
+from pdserve.engine.model.config import ModelConfig
+from pdserve.engine.model.llama import LlamaModel
+from pdserve.engine.model.packed_linear import can_pack
+from pdserve.engine.scheduler.plan import BatchPlan
 
 
 def kv_cache_shape(

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.model.registry import ModelSource, resolve_model
-from engine.paths import cache_dir
+from pdserve.engine.model.registry import ModelSource, resolve_model
+from pdserve.engine.paths import cache_dir
 
 REPLACEMENT_CHAR = "\ufffd"
 # Prompt tokens kept as left context so the first output token decodes as it would mid-text

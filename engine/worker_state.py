@@ -8,15 +8,15 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import get_backend
-from engine.config import EngineConfig
-from engine.kv_cache import KVCacheManager, make_extra_keys, num_blocks_for_budget
-from engine.model.config import ModelConfig
-from engine.model.llama import LlamaModel
-from engine.model.loader import load_model
-from engine.model.registry import ModelSource, resolve_model
-from engine.runner import ModelRunner, allocate_kv_cache, bytes_per_block
-from engine.tokenizer import Tokenizer, load_tokenizer
+from pdserve.engine.attention import get_backend
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.kv_cache import KVCacheManager, make_extra_keys, num_blocks_for_budget
+from pdserve.engine.model.config import ModelConfig
+from pdserve.engine.model.llama import LlamaModel
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.registry import ModelSource, resolve_model
+from pdserve.engine.runner import ModelRunner, allocate_kv_cache, bytes_per_block
+from pdserve.engine.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -4,18 +4,18 @@ Import the light pieces from here; backends come from ``make_sender`` / ``make_r
 (``nixl`` is imported only when the NIXL backend is built).
 """
 
-from kv_transfer.config import FaultInjection, TransferConfig
-from kv_transfer.connector import (
+from pdserve.kv_transfer.config import FaultInjection, TransferConfig
+from pdserve.kv_transfer.connector import (
     KVReceiver,
     KVSender,
     TransferHandle,
     TransferOutcome,
     TransferState,
 )
-from kv_transfer.factory import BACKENDS, make_receiver, make_sender, nixl_available
-from kv_transfer.layout import KVPoolLayout
-from kv_transfer.stats import TransferStats
-from kv_transfer.wire import TransferHeader, WireFormatError
+from pdserve.kv_transfer.factory import BACKENDS, make_receiver, make_sender, nixl_available
+from pdserve.kv_transfer.layout import KVPoolLayout
+from pdserve.kv_transfer.stats import TransferStats
+from pdserve.kv_transfer.wire import TransferHeader, WireFormatError
 
 __all__ = [
     "BACKENDS",

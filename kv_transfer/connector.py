@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from kv_transfer.stats import TransferStats
+from pdserve.kv_transfer.stats import TransferStats
 
 
 class TransferState(Enum):

@@ -15,14 +15,14 @@ from typing import Any, ClassVar
 
 import torch
 
-from kv_transfer import quant
-from kv_transfer.config import TransferConfig
-from kv_transfer.connector import TransferHandle
-from kv_transfer.expectations import ExpectationTable
-from kv_transfer.layout import KVPoolLayout, check_block_ids
-from kv_transfer.metadata import PeerInfo, check_peer, decode_peer
-from kv_transfer.stats import TransferCounters, TransferStats
-from kv_transfer.wire import TransferHeader
+from pdserve.kv_transfer import quant
+from pdserve.kv_transfer.config import TransferConfig
+from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.expectations import ExpectationTable
+from pdserve.kv_transfer.layout import KVPoolLayout, check_block_ids
+from pdserve.kv_transfer.metadata import PeerInfo, check_peer, decode_peer
+from pdserve.kv_transfer.stats import TransferCounters, TransferStats
+from pdserve.kv_transfer.wire import TransferHeader
 
 # Destination ids are range-checked against the peer's pool, which only the peer knows.
 _ANY_BLOCK = 1 << 32

@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kv_transfer.connector import TransferHandle, TransferState
-from kv_transfer.stats import TransferCounters
+from pdserve.kv_transfer.connector import TransferHandle, TransferState
+from pdserve.kv_transfer.stats import TransferCounters
 
 
 @dataclass(slots=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kv_transfer.config import TransferConfig
-from kv_transfer.connector import KVReceiver, KVSender
+from pdserve.kv_transfer.config import TransferConfig
+from pdserve.kv_transfer.connector import KVReceiver, KVSender
 
 BACKENDS = ("nixl", "tcp", "inproc")
 
@@ -12,15 +12,15 @@ def make_sender(backend: str, config: TransferConfig | None = None) -> KVSender:
     """A ``KVSender`` for ``backend`` (one of BACKENDS). ImportError if nixl is missing."""
     config = config or TransferConfig()
     if backend == "nixl":
-        from kv_transfer.nixl_sender import NixlSender
+        from pdserve.kv_transfer.nixl_sender import NixlSender
 
         return NixlSender(config)
     if backend == "tcp":
-        from kv_transfer.tcp_backend import TcpSender
+        from pdserve.kv_transfer.tcp_backend import TcpSender
 
         return TcpSender(config)
     if backend == "inproc":
-        from kv_transfer.inproc_backend import InprocSender
+        from pdserve.kv_transfer.inproc_backend import InprocSender
 
         return InprocSender(config)
     raise ValueError(f"unknown KV transfer backend {backend!r}; choose one of {BACKENDS}")
@@ -30,15 +30,15 @@ def make_receiver(backend: str, config: TransferConfig | None = None) -> KVRecei
     """A ``KVReceiver`` for ``backend`` (one of BACKENDS). ImportError if nixl is missing."""
     config = config or TransferConfig()
     if backend == "nixl":
-        from kv_transfer.nixl_receiver import NixlReceiver
+        from pdserve.kv_transfer.nixl_receiver import NixlReceiver
 
         return NixlReceiver(config)
     if backend == "tcp":
-        from kv_transfer.tcp_backend import TcpReceiver
+        from pdserve.kv_transfer.tcp_backend import TcpReceiver
 
         return TcpReceiver(config)
     if backend == "inproc":
-        from kv_transfer.inproc_backend import InprocReceiver
+        from pdserve.kv_transfer.inproc_backend import InprocReceiver
 
         return InprocReceiver(config)
     raise ValueError(f"unknown KV transfer backend {backend!r}; choose one of {BACKENDS}")
@@ -46,7 +46,7 @@ def make_receiver(backend: str, config: TransferConfig | None = None) -> KVRecei
 
 def nixl_available() -> bool:
     """Whether the nixl package imports (for choosing 'nixl' vs the 'tcp' fallback)."""
-    from kv_transfer.nixl_agent import load_nixl
+    from pdserve.kv_transfer.nixl_agent import load_nixl
 
     try:
         load_nixl()

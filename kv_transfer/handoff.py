@@ -6,7 +6,7 @@ and how it fails. Shared by both worker roles (neither imports the other).
     decode: ReserveKV -> KVDestination ──(router)──> prefill: send into it
     both:   await_handle(transfer handle) -> DONE | FAILED | still running at the timeout
 
-The errors are what the caller can act on; ``prefill_worker.errors.status_for`` maps them to
+The errors are what the caller can act on; ``pdserve.worker.errors.status_for`` maps them to
 gRPC codes in one place. Bad caller input stays a plain ``ValueError``.
 """
 
@@ -16,7 +16,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from kv_transfer.connector import TransferHandle, TransferState
+from pdserve.kv_transfer.connector import TransferHandle, TransferState
 
 _POLL_MIN_S = 0.0005
 _POLL_MAX_S = 0.002

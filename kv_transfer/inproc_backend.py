@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 import torch
 
-from kv_transfer import quant
-from kv_transfer.config import TransferConfig
-from kv_transfer.connector import TransferHandle
-from kv_transfer.endpoints import ReceiverBase, SenderBase
-from kv_transfer.metadata import PeerInfo, encode_peer
-from kv_transfer.wire import TransferHeader, validate_header
+from pdserve.kv_transfer import quant
+from pdserve.kv_transfer.config import TransferConfig
+from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.endpoints import ReceiverBase, SenderBase
+from pdserve.kv_transfer.metadata import PeerInfo, encode_peer
+from pdserve.kv_transfer.wire import TransferHeader, validate_header
 
 _RECEIVERS: weakref.WeakValueDictionary[str, InprocReceiver] = weakref.WeakValueDictionary()
 

@@ -12,8 +12,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from kv_transfer.layout import KVPoolLayout
-from kv_transfer.wire import VERSION as WIRE_VERSION
+from pdserve.kv_transfer.layout import KVPoolLayout
+from pdserve.kv_transfer.wire import VERSION as WIRE_VERSION
 
 _MAGIC = b"PDKM"
 _PREFIX = struct.Struct("<4sI")

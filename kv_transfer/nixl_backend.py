@@ -18,7 +18,7 @@ dead may write until its own deadline, which is up to (send time - expect time) 
 receiver's: callers send promptly after ``expect``.
 """
 
-from kv_transfer.nixl_receiver import NixlReceiver
-from kv_transfer.nixl_sender import NixlSender
+from pdserve.kv_transfer.nixl_receiver import NixlReceiver
+from pdserve.kv_transfer.nixl_sender import NixlSender
 
 __all__ = ["NixlReceiver", "NixlSender"]

@@ -14,15 +14,15 @@ from collections.abc import Sequence
 
 import torch
 
-from kv_transfer import quant
-from kv_transfer.config import TransferConfig
-from kv_transfer.connector import TransferHandle
-from kv_transfer.endpoints import ReceiverBase
-from kv_transfer.expectations import Expectation
-from kv_transfer.layout import KVPoolLayout
-from kv_transfer.metadata import PeerInfo, encode_peer
-from kv_transfer.nixl_agent import NOTIFY_BEGIN, NOTIFY_DONE, NOTIFY_FAILED, Agent
-from kv_transfer.wire import TransferHeader, validate_header
+from pdserve.kv_transfer import quant
+from pdserve.kv_transfer.config import TransferConfig
+from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.endpoints import ReceiverBase
+from pdserve.kv_transfer.expectations import Expectation
+from pdserve.kv_transfer.layout import KVPoolLayout
+from pdserve.kv_transfer.metadata import PeerInfo, encode_peer
+from pdserve.kv_transfer.nixl_agent import NOTIFY_BEGIN, NOTIFY_DONE, NOTIFY_FAILED, Agent
+from pdserve.kv_transfer.wire import TransferHeader, validate_header
 
 log = logging.getLogger(__name__)
 

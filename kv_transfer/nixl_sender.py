@@ -9,14 +9,14 @@ from typing import Any
 
 import torch
 
-from kv_transfer import quant
-from kv_transfer.config import TransferConfig
-from kv_transfer.connector import TransferHandle
-from kv_transfer.endpoints import SenderBase
-from kv_transfer.layout import KVPoolLayout
-from kv_transfer.metadata import PeerInfo
-from kv_transfer.nixl_agent import NOTIFY_BEGIN, NOTIFY_DONE, NOTIFY_FAILED, Agent
-from kv_transfer.wire import TransferHeader
+from pdserve.kv_transfer import quant
+from pdserve.kv_transfer.config import TransferConfig
+from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.endpoints import SenderBase
+from pdserve.kv_transfer.layout import KVPoolLayout
+from pdserve.kv_transfer.metadata import PeerInfo
+from pdserve.kv_transfer.nixl_agent import NOTIFY_BEGIN, NOTIFY_DONE, NOTIFY_FAILED, Agent
+from pdserve.kv_transfer.wire import TransferHeader
 
 log = logging.getLogger(__name__)
 

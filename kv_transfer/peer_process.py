@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from kv_transfer.config import TransferConfig
-from kv_transfer.connector import KVReceiver, KVSender, TransferHandle, TransferOutcome
-from kv_transfer.factory import make_receiver, make_sender
-from kv_transfer.layout import KVPoolLayout
-from kv_transfer.stats import TransferStats
+from pdserve.kv_transfer.config import TransferConfig
+from pdserve.kv_transfer.connector import KVReceiver, KVSender, TransferHandle, TransferOutcome
+from pdserve.kv_transfer.factory import make_receiver, make_sender
+from pdserve.kv_transfer.layout import KVPoolLayout
+from pdserve.kv_transfer.stats import TransferStats
 
 
 @dataclass(slots=True, frozen=True)

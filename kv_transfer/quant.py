@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kv_transfer.layout import KVPoolLayout
+from pdserve.kv_transfer.layout import KVPoolLayout
 
 _QMAX = 127.0
 SCALE_DTYPE = torch.bfloat16

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kv_transfer import quant
-from kv_transfer.config import TransferConfig
-from kv_transfer.connector import TransferHandle
-from kv_transfer.endpoints import ReceiverBase, SenderBase
-from kv_transfer.expectations import Expectation
-from kv_transfer.layout import KVPoolLayout, pool_bytes
-from kv_transfer.metadata import PeerInfo, encode_peer
-from kv_transfer.sockets import (
+from pdserve.kv_transfer import quant
+from pdserve.kv_transfer.config import TransferConfig
+from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.endpoints import ReceiverBase, SenderBase
+from pdserve.kv_transfer.expectations import Expectation
+from pdserve.kv_transfer.layout import KVPoolLayout, pool_bytes
+from pdserve.kv_transfer.metadata import PeerInfo, encode_peer
+from pdserve.kv_transfer.sockets import (
     ACK_OK,
     encode_ack,
     read_ack,
@@ -36,7 +36,7 @@ from kv_transfer.sockets import (
     send_all,
     send_quietly,
 )
-from kv_transfer.wire import (
+from pdserve.kv_transfer.wire import (
     HEADER_PREFIX_BYTES,
     TransferHeader,
     WireFormatError,

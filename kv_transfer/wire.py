@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kv_transfer import quant
-from kv_transfer.layout import DTYPE_CODES, DTYPE_NAMES, DTYPES_BY_CODE, KVPoolLayout
+from pdserve.kv_transfer import quant
+from pdserve.kv_transfer.layout import DTYPE_CODES, DTYPE_NAMES, DTYPES_BY_CODE, KVPoolLayout
 
 MAGIC = b"PDKV"
 VERSION = 2

@@ -19,19 +19,15 @@ import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from engine.async_engine import AsyncEngine
-from kv_transfer import KVSender, TransferConfig, TransferStats, make_sender
-from pdserve_proto import worker_pb2
-from prefill_worker.convert import (
-    KVDestination,
-    check_request_id,
-    destination_from_proto,
-    params_from_proto,
-    prompt_from_proto,
-    step_to_chunk,
-)
-from prefill_worker.errors import PreconditionFailed, RequestCancelled
-from prefill_worker.transfer import TransferPlan, await_handle, plan_transfer, report_for
+from pdserve.engine.async_engine import AsyncEngine
+from pdserve.kv_transfer import KVSender, TransferConfig, TransferStats, make_sender
+from pdserve.kv_transfer.handoff import KVDestination
+from pdserve.prefill_worker.transfer import TransferPlan, await_handle, plan_transfer, report_for
+from pdserve.proto import worker_pb2
+from pdserve.proto.params import params_from_proto
+from pdserve.worker.checks import check_prompt, check_request_id
+from pdserve.worker.convert import destination_from_proto, step_to_chunk
+from pdserve.worker.errors import PreconditionFailed, RequestCancelled
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +56,7 @@ class PrefillService:
         """The Prefill stream: first_token, then the TransferReport."""
         request_id = check_request_id(request.request_id)
         params = params_from_proto(request.params)
-        prompt = prompt_from_proto(request.prompt_token_ids)
+        prompt = check_prompt(request.prompt_token_ids)
         dest = self._destination(request)
         started_s = time.monotonic()
         first = await self.engine.prefill(request_id, prompt, params)

@@ -1,6 +1,7 @@
 """Sending a prompt's KV to its decode worker: which blocks go where, and its report.
 
-(Waiting on a transfer, ``await_handle``, is shared with the decode role: kv_transfer.handoff.)
+(Waiting on a transfer, ``await_handle``, is shared with the decode role:
+pdserve.kv_transfer.handoff.)
 
 A prompt of 5 blocks, of which the decode worker already caches the first 2::
 
@@ -18,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kv_transfer import TransferHandle, TransferState
-from kv_transfer.handoff import KVDestination, await_handle
-from pdserve_proto import worker_pb2
+from pdserve.kv_transfer import TransferHandle, TransferState
+from pdserve.kv_transfer.handoff import KVDestination, await_handle
+from pdserve.proto import worker_pb2
 
 __all__ = ["TransferPlan", "await_handle", "plan_transfer", "report_for"]
 

@@ -1,5 +1,5 @@
 """The router: client-facing gRPC and OpenAI-compatible HTTP servers in front of the workers.
 
-Start one with ``router.service.start_router``; see router/README.md for the layout.
+Start one with ``pdserve.router.service.start_router``; see router/README.md for the layout.
 Importing this package is cheap: it pulls in neither torch, ray nor redis.
 """

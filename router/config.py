@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from router.goodput import SloConfig
-from router.policies import DEFAULT_POLICY, CostModel, normalize_policy_name
+from pdserve.router.observe.goodput import SloConfig
+from pdserve.router.policies import DEFAULT_POLICY, CostModel, normalize_policy_name
 
 
 @dataclass(slots=True, frozen=True)

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from router.config import RouterConfig
-from router.event_loop import LoopKind, run
-from router.service import RouterService
+from pdserve.router.config import RouterConfig
+from pdserve.router.event_loop import LoopKind, run
+from pdserve.router.service import RouterService
 
 RouterFactory = Callable[[RouterConfig], Awaitable[RouterService]]
 CHILD_GRACE_S = 5.0  # a child stopped by SIGTERM lets running requests finish this long

@@ -13,18 +13,18 @@ from dataclasses import dataclass
 import grpc
 import uvicorn
 
-from router.config import RouterConfig
-from router.dashboard import mount_observability
-from router.directory import ChannelPool, WorkerDirectory
-from router.frontend import Frontend
-from router.grpc_server import start_grpc_server
-from router.http_server import create_app
-from router.lifecycle import RequestLifecycle
-from router.locality import LocalityIndex, PromptBlockHasher
-from router.metered_lifecycle import MeteredLifecycle
-from router.observability import RouterObservability
-from router.request import TimingSink
-from router.tokenizer import Tokenizer
+from pdserve.router.config import RouterConfig
+from pdserve.router.edge.frontend import Frontend
+from pdserve.router.edge.grpc_server import start_grpc_server
+from pdserve.router.edge.http_server import create_app
+from pdserve.router.edge.tokenizer import Tokenizer
+from pdserve.router.observe.dashboard import mount_observability
+from pdserve.router.observe.observability import RouterObservability
+from pdserve.router.request.lifecycle import RequestLifecycle
+from pdserve.router.request.metered_lifecycle import MeteredLifecycle
+from pdserve.router.request.types import TimingSink
+from pdserve.router.state.directory import ChannelPool, WorkerDirectory
+from pdserve.router.state.locality import LocalityIndex, PromptBlockHasher
 
 
 @dataclass

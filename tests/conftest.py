@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from engine.model.registry import ModelSource, resolve_model
+from pdserve.engine.model.registry import ModelSource, resolve_model
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +43,7 @@ def _one_torch_thread() -> None:
 @pytest.fixture(scope="session")
 def smollm2_model(default_model_source: ModelSource) -> Any:
     """Our fp32 ``LlamaModel`` of the default model."""
-    from engine.model.loader import load_model
+    from pdserve.engine.model.loader import load_model
 
     _one_torch_thread()
     return load_model(default_model_source, show_progress=False)
@@ -64,8 +64,8 @@ def hf_smollm2(default_model_path: Path) -> Any:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(default_model_source: ModelSource) -> Any:
-    """Our :class:`engine.tokenizer.Tokenizer` of the default model."""
-    from engine.tokenizer import load_tokenizer
+    """Our :class:`pdserve.engine.tokenizer.Tokenizer` of the default model."""
+    from pdserve.engine.tokenizer import load_tokenizer
 
     return load_tokenizer(default_model_source)
 

@@ -2,7 +2,7 @@
 
 Library use::
 
-    from bench.serve import BenchConfig, RandomSpec, run_benchmark
+    from pdserve.bench.serve import BenchConfig, RandomSpec, run_benchmark
     result = run_benchmark(BenchConfig(dataset=RandomSpec(128, 32), num_prompts=50,
                                        request_rates=(2.0,), base_url="http://127.0.0.1:8000"))
     print(result.runs[0].summary.ttft.p99_ms)
@@ -10,9 +10,9 @@ Library use::
 The CLI: :func:`add_serve_arguments` and :func:`run_serve_bench` (see README.md).
 """
 
-from bench.serve.cli import add_serve_arguments, config_from_args, run_serve_bench
-from bench.serve.config import BenchConfig, BenchResult, RateResult
-from bench.serve.datasets import (
+from pdserve.bench.serve.cli import add_serve_arguments, config_from_args, run_serve_bench
+from pdserve.bench.serve.config import BenchConfig, BenchResult, RateResult
+from pdserve.bench.serve.datasets import (
     BenchRequest,
     Conversation,
     MultiTurnSpec,
@@ -21,8 +21,8 @@ from bench.serve.datasets import (
     ShareGPTLikeSpec,
     build_dataset,
 )
-from bench.serve.metrics import SLO, Summary
-from bench.serve.runner import arun_benchmark, run_benchmark
+from pdserve.bench.serve.metrics import SLO, Summary
+from pdserve.bench.serve.runner import arun_benchmark, run_benchmark
 
 __all__ = [
     "SLO",

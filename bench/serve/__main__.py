@@ -1,16 +1,17 @@
-"""``python -m bench.serve ...``: the serving benchmark without the ``pdserve`` CLI."""
+"""``python -m pdserve.bench.serve ...``: the serving benchmark without the ``pdserve`` CLI."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench.serve.cli import add_serve_arguments, run_serve_bench
+from pdserve.bench.serve.cli import add_serve_arguments, run_serve_bench
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.serve", description="Serving benchmark of an OpenAI/gRPC router."
+        prog="python -m pdserve.bench.serve",
+        description="Serving benchmark of an OpenAI/gRPC router.",
     )
     add_serve_arguments(parser)
     args = parser.parse_args()

@@ -13,9 +13,9 @@ import math
 import sys
 from pathlib import Path
 
-from bench.serve.arrivals import parse_rates
-from bench.serve.config import BACKENDS, BenchConfig, BenchResult
-from bench.serve.datasets import (
+from pdserve.bench.serve.arrivals import parse_rates
+from pdserve.bench.serve.config import BACKENDS, BenchConfig, BenchResult
+from pdserve.bench.serve.datasets import (
     DATASET_NAMES,
     DatasetSpec,
     MultiTurnSpec,
@@ -23,8 +23,8 @@ from bench.serve.datasets import (
     SharedPrefixSpec,
     ShareGPTLikeSpec,
 )
-from bench.serve.metrics import parse_goodput
-from bench.serve.tokens import TokenizerLike, load_tokenizer
+from pdserve.bench.serve.metrics import parse_goodput
+from pdserve.bench.serve.tokens import TokenizerLike, load_tokenizer
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,7 +147,7 @@ def dataset_spec_from_args(args: argparse.Namespace) -> DatasetSpec:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The benchmark configuration the options describe (loads the tokenizer, if any)."""
-    from bench.serve.text import load_corpus_paragraphs
+    from pdserve.bench.serve.text import load_corpus_paragraphs
 
     no_metrics = args.metrics_url == "none"
     corpus = tuple(load_corpus_paragraphs(args.corpus)) if args.corpus else None
@@ -190,8 +190,8 @@ def _tokenizer(spec: str) -> TokenizerLike | None:
 
 def run_serve_bench(args: argparse.Namespace) -> int:
     """Run the benchmark the parsed options describe; 0 when every run completed requests."""
-    from bench.serve.report import format_run, write_json
-    from bench.serve.runner import run_benchmark
+    from pdserve.bench.serve.report import format_run, write_json
+    from pdserve.bench.serve.runner import run_benchmark
 
     config = config_from_args(args)
     _print_plan(config)
@@ -207,7 +207,7 @@ def run_serve_bench(args: argparse.Namespace) -> int:
         write_json(result, args.json)
         print(f"wrote {args.json}")
     if args.plot_dir is not None:
-        from bench.serve.plots import write_plots
+        from pdserve.bench.serve.plots import write_plots
 
         for path in write_plots(result, args.plot_dir):
             print(f"wrote {path}")

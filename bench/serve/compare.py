@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.serve.config import BenchResult
-from bench.serve.metrics import SLO
-from bench.serve.plots import load_pyplot
+from pdserve.bench.serve.config import BenchResult
+from pdserve.bench.serve.metrics import SLO
+from pdserve.bench.serve.plots import load_pyplot
 
 Series = Mapping[str, BenchResult]
 NA = "n/a"

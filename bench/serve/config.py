@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from bench.serve.datasets import DatasetSpec, RandomSpec
-from bench.serve.metrics import SLO, Summary
-from bench.serve.outputs import RequestOutput
-from bench.serve.server_metrics import ServerFigures
-from bench.serve.tokens import TokenizerLike
+from pdserve.bench.serve.datasets import DatasetSpec, RandomSpec
+from pdserve.bench.serve.metrics import SLO, Summary
+from pdserve.bench.serve.outputs import RequestOutput
+from pdserve.bench.serve.server_metrics import ServerFigures
+from pdserve.bench.serve.tokens import TokenizerLike
 
 BACKENDS = ("openai", "grpc")
 

@@ -18,7 +18,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from bench.serve.text import Prompt, TextSource
+from pdserve.bench.serve.text import Prompt, TextSource
 
 DATASET_NAMES = ("sharegpt-like", "random", "shared-prefix", "multi-turn")
 SHAREGPT_MAX_DRAWS = 10_000

@@ -10,15 +10,15 @@ from typing import Any
 
 import grpc
 
-from bench.serve.datasets import BenchRequest
-from bench.serve.outputs import (
+from pdserve.bench.serve.datasets import BenchRequest
+from pdserve.bench.serve.outputs import (
     ChatHistory,
     RequestOptions,
     RequestOutput,
     StreamRecorder,
     prompt_tokens_estimate,
 )
-from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
+from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
 
 
 class GrpcClient:

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.serve.outputs import RequestOutput
+from pdserve.bench.serve.outputs import RequestOutput
 
 PERCENTILES = (50, 90, 99)
 SLO_KEYS = ("ttft", "tpot", "e2el")

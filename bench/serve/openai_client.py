@@ -10,15 +10,15 @@ from typing import Any
 
 import httpx
 
-from bench.serve.datasets import BenchRequest
-from bench.serve.outputs import (
+from pdserve.bench.serve.datasets import BenchRequest
+from pdserve.bench.serve.outputs import (
     ChatHistory,
     RequestOptions,
     RequestOutput,
     StreamRecorder,
     prompt_tokens_estimate,
 )
-from bench.serve.sse import DONE, SSEDecoder, parse_chunk
+from pdserve.bench.serve.sse import DONE, SSEDecoder, parse_chunk
 
 
 class OpenAIClient:

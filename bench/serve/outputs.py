@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from bench.serve.datasets import BenchRequest
-from bench.serve.tokens import approx_tokens
+from pdserve.bench.serve.datasets import BenchRequest
+from pdserve.bench.serve.tokens import approx_tokens
 
 ChatHistory = Sequence[tuple[str, str]]  # (role, content) messages before the user turn
 

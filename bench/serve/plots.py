@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.serve.config import BenchResult, RateResult
+from pdserve.bench.serve.config import BenchResult, RateResult
 
 LATENCY_CDF_PNG = "latency_cdf.png"
 GOODPUT_VS_RATE_PNG = "goodput_vs_rate.png"

@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.serve.config import BenchConfig, BenchResult, RateResult
-from bench.serve.metrics import Distribution
-from bench.serve.outputs import RequestOutput
+from pdserve.bench.serve.config import BenchConfig, BenchResult, RateResult
+from pdserve.bench.serve.metrics import Distribution
+from pdserve.bench.serve.outputs import RequestOutput
 
 WIDTH = 50
 LABEL_WIDTH = 40

@@ -18,14 +18,20 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from bench.serve.arrivals import arrival_offsets_s
-from bench.serve.config import BenchConfig, BenchResult, RateResult
-from bench.serve.datasets import BenchRequest, Conversation, Item, build_dataset, count_requests
-from bench.serve.metrics import summarize
-from bench.serve.openai_client import OpenAIClient
-from bench.serve.outputs import BenchClient, RequestOptions, RequestOutput
-from bench.serve.server_metrics import ServerFigures, figures, scrape
-from bench.serve.text import TextSource, load_corpus_paragraphs
+from pdserve.bench.serve.arrivals import arrival_offsets_s
+from pdserve.bench.serve.config import BenchConfig, BenchResult, RateResult
+from pdserve.bench.serve.datasets import (
+    BenchRequest,
+    Conversation,
+    Item,
+    build_dataset,
+    count_requests,
+)
+from pdserve.bench.serve.metrics import summarize
+from pdserve.bench.serve.openai_client import OpenAIClient
+from pdserve.bench.serve.outputs import BenchClient, RequestOptions, RequestOutput
+from pdserve.bench.serve.server_metrics import ServerFigures, figures, scrape
+from pdserve.bench.serve.text import TextSource, load_corpus_paragraphs
 
 WARMUP_SEED_OFFSET = 1_000_003  # warmup prompts differ from every measured run's prompts
 METRICS_TIMEOUT_S = 5.0
@@ -64,7 +70,7 @@ def _make_client(config: BenchConfig, model: str) -> BenchClient:
         model, config.temperature, config.ignore_eos, config.api_key, config.timeout_s
     )
     if config.backend == "grpc":
-        from bench.serve.grpc_client import GrpcClient  # grpc loads only when asked for
+        from pdserve.bench.serve.grpc_client import GrpcClient  # grpc loads only when asked for
 
         return GrpcClient(config.grpc_target, options)
     connections = config.max_concurrency or max(config.num_prompts, config.warmup, 1)

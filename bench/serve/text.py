@@ -3,7 +3,7 @@
 The corpus is the English text under ``bench/data`` (see its SOURCES.md) or, when that holds
 no ``*.txt`` files, the built-in word list. With a tokenizer the corpus is tokenized once and
 prompts are exact token slices (sent as ids); without one they are word slices sized by the
-words->tokens rule of :mod:`bench.serve.tokens` (sent as text).
+words->tokens rule of :mod:`pdserve.bench.serve.tokens` (sent as text).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from bench.serve.tokens import TokenizerLike, approx_tokens, words_for_tokens
-from bench.serve.words import WORDS
+from pdserve.bench.serve.tokens import TokenizerLike, approx_tokens, words_for_tokens
+from pdserve.bench.serve.words import WORDS
 
 T = TypeVar("T")
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"

@@ -1,6 +1,6 @@
 """Paged attention: per-step metadata, the backend interface and its CPU/CUDA backends."""
 
-from engine.attention.base import (
+from pdserve.engine.attention.base import (
     AttentionBackend,
     AttentionMetadata,
     ChunkLike,
@@ -8,7 +8,7 @@ from engine.attention.base import (
     layout_chunks,
     token_positions,
 )
-from engine.attention.registry import backend_names, get_backend
+from pdserve.engine.attention.registry import backend_names, get_backend
 
 __all__ = [
     "AttentionBackend",

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from engine.attention.native import BoundDecode
+    from pdserve.engine.attention.native import BoundDecode
 
 
 class ChunkLike(Protocol):

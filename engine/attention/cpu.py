@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.attention.base import AttentionMetadata, StepLayout, step_metadata, write_kv
-from engine.attention.cpu_plan import (
+from pdserve.engine.attention.base import AttentionMetadata, StepLayout, step_metadata, write_kv
+from pdserve.engine.attention.cpu_plan import (
     DecodeGroup,
     DecodePlan,
     NativeDecodePlan,
@@ -49,9 +49,9 @@ from engine.attention.cpu_plan import (
     plan_native_decodes,
     plan_prefills,
 )
-from engine.attention.cpu_prefill import attend_after_prefix, attend_fresh
-from engine.attention.native import BoundDecode, PagedDecodeKernel, load_paged_decode
-from engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
+from pdserve.engine.attention.cpu_prefill import attend_after_prefix, attend_fresh
+from pdserve.engine.attention.native import BoundDecode, PagedDecodeKernel, load_paged_decode
+from pdserve.engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
 
 DECODE_STRATEGIES = ("native", "grouped", "padded", "per_seq")
 DEFAULT_GROUP_TOKENS = 2048

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.base import StepLayout
+from pdserve.engine.attention.base import StepLayout
 
 
 @dataclass(slots=True, frozen=True)

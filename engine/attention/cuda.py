@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from engine.attention.base import AttentionMetadata, StepLayout, step_metadata, write_kv
+from pdserve.engine.attention.base import AttentionMetadata, StepLayout, step_metadata, write_kv
 
 _PAGED_KV_PAGE_MULTIPLE = 256
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.native_build import BASE_CFLAGS, load_library
+from pdserve.engine.native_build import BASE_CFLAGS, CSRC, load_library
 
-SOURCE = Path(__file__).with_name("paged_decode.c")
+SOURCE = CSRC / "paged_decode.c"
 # FMA contraction and the freedom to reorder around signed zeros let the dot products and
 # the softmax vectorize (measured 1.2x); unlike -ffast-math this keeps inf/NaN semantics and
 # links no startup code that would flush denormals for the whole process.
@@ -105,7 +104,7 @@ class PagedDecodeKernel:
         k: torch.Tensor,  # [T, KVH, D]; rows may be strided (views into the fused qkv)
         v: torch.Tensor,
     ) -> None:
-        """What ``engine.attention.base.write_kv`` does, with stores that skip reading the
+        """What ``pdserve.engine.attention.base.write_kv`` does, with stores that skip reading the
         pool's cold lines first (see ``pdserve_store_kv``)."""
         kv_heads, head_dim = kv_cache.shape[4:]
         assert k.dtype == v.dtype == kv_cache.dtype, f"{k.dtype}, {v.dtype}, {kv_cache.dtype}"

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.native_build import BASE_CFLAGS, cpu_flags, load_library
+from pdserve.engine.native_build import BASE_CFLAGS, CSRC, cpu_flags, load_library
 
-SOURCE = Path(__file__).with_name("paged_prefill.c")
+SOURCE = CSRC / "paged_prefill.c"
 # FMA contraction, as in any GEMM; no trapping math lets the exp polynomial vectorize.
 CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-trapping-math")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.attention.base import AttentionBackend
-from engine.attention.cpu import CpuAttentionBackend
-from engine.attention.native import load_paged_decode
+from pdserve.engine.attention.base import AttentionBackend
+from pdserve.engine.attention.cpu import CpuAttentionBackend
+from pdserve.engine.attention.native import load_paged_decode
 
 
 def _cpu_best() -> AttentionBackend:
@@ -17,7 +17,7 @@ def _cpu_best() -> AttentionBackend:
 
 
 def _cuda() -> AttentionBackend:
-    from engine.attention.cuda import make_flash_attn_backend
+    from pdserve.engine.attention.cuda import make_flash_attn_backend
 
     return make_flash_attn_backend()
 

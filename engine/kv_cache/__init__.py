@@ -1,8 +1,8 @@
 """Paged KV-cache bookkeeping: block pool, block tables, prefix hashes (pure; no torch)."""
 
-from engine.kv_cache.block_pool import Block, BlockPool
-from engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
-from engine.kv_cache.hashing import (
+from pdserve.engine.kv_cache.block_pool import Block, BlockPool
+from pdserve.engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
+from pdserve.engine.kv_cache.hashing import (
     BlockHash,
     BlockHasher,
     block_hashes,
@@ -10,8 +10,8 @@ from engine.kv_cache.hashing import (
     hash_block,
     make_extra_keys,
 )
-from engine.kv_cache.manager import ImportReservation, KVCacheManager, PrefixMatch
-from engine.kv_cache.sizing import kv_block_bytes, num_blocks_for_budget
+from pdserve.engine.kv_cache.manager import ImportReservation, KVCacheManager, PrefixMatch
+from pdserve.engine.kv_cache.sizing import kv_block_bytes, num_blocks_for_budget
 
 __all__ = [
     "Block",

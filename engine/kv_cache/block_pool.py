@@ -20,8 +20,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
-from engine.kv_cache.hashing import BlockHash
+from pdserve.engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
+from pdserve.engine.kv_cache.hashing import BlockHash
 
 
 @dataclass(slots=True)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.kv_cache.block_pool import BlockPool
-from engine.kv_cache.hashing import BlockHasher
+from pdserve.engine.kv_cache.block_pool import BlockPool
+from pdserve.engine.kv_cache.hashing import BlockHasher
 
 
 class SequenceBlocks:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.kv_cache.hashing import BlockHash
+from pdserve.engine.kv_cache.hashing import BlockHash
 
 
 @dataclass(slots=True, frozen=True)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.kv_cache.block_pool import BlockPool
-from engine.kv_cache.block_table import SequenceBlocks
-from engine.kv_cache.events import KVCacheEvent
-from engine.kv_cache.hashing import BlockHash, BlockHasher, encode_extra_keys
-from engine.kv_cache.prefix import (
+from pdserve.engine.kv_cache.block_pool import BlockPool
+from pdserve.engine.kv_cache.block_table import SequenceBlocks
+from pdserve.engine.kv_cache.events import KVCacheEvent
+from pdserve.engine.kv_cache.hashing import BlockHash, BlockHasher, encode_extra_keys
+from pdserve.engine.kv_cache.prefix import (
     ImportReservation,
     PrefixMatch,
     assert_match_current,

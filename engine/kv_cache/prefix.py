@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.kv_cache.block_pool import BlockPool
-from engine.kv_cache.hashing import BlockHash, BlockHasher
+from pdserve.engine.kv_cache.block_pool import BlockPool
+from pdserve.engine.kv_cache.hashing import BlockHash, BlockHasher
 
 
 @dataclass(slots=True, frozen=True)

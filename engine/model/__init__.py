@@ -1,12 +1,12 @@
 """The Llama-family model: resolving ``--model``, its config, weight loading and the decoder.
 
 This package root imports no torch (the router resolves models and reads configs too);
-take the torch parts from their modules: ``engine.model.loader.load_model`` and
-``engine.model.llama.LlamaModel``.
+take the torch parts from their modules: ``pdserve.engine.model.loader.load_model`` and
+``pdserve.engine.model.llama.LlamaModel``.
 """
 
-from engine.model.config import ModelConfig, RopeScaling
-from engine.model.registry import (
+from pdserve.engine.model.config import ModelConfig, RopeScaling
+from pdserve.engine.model.registry import (
     DEFAULT_MODEL_NAME,
     ModelSource,
     known_model_names,

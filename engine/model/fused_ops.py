@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.native_build import BASE_CFLAGS, load_library
+from pdserve.engine.native_build import BASE_CFLAGS, CSRC, load_library
 
-SOURCE = Path(__file__).with_name("fused_ops.c")
+SOURCE = CSRC / "fused_ops.c"
 # No FMA contraction: each product and sum rounds where torch's separate kernels round.
 CFLAGS = (*BASE_CFLAGS, "-ffp-contract=off")
 _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}

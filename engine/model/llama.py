@@ -24,13 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention.base import AttentionMetadata
-from engine.host_memory import release_free_heap
-from engine.model.config import ModelConfig
-from engine.model.fused_ops import fused_ops
-from engine.model.native_step import NativeDecodeLayers
-from engine.model.packed_linear import PackedLinear, PackedMLP, gather_on_huge_pages, project_add
-from engine.model.rope import RotaryEmbedding, apply_rope, rope_inv_freq
+from pdserve.engine.attention.base import AttentionMetadata
+from pdserve.engine.host_memory import release_free_heap
+from pdserve.engine.model.config import ModelConfig
+from pdserve.engine.model.fused_ops import fused_ops
+from pdserve.engine.model.native_step import NativeDecodeLayers
+from pdserve.engine.model.packed_linear import (
+    PackedLinear,
+    PackedMLP,
+    gather_on_huge_pages,
+    project_add,
+)
+from pdserve.engine.model.rope import RotaryEmbedding, apply_rope, rope_inv_freq
 
 
 class RMSNorm(nn.Module):

@@ -1,7 +1,7 @@
 """Load weights from a GGUF file or a safetensors directory into our module naming.
 
 Both sources are first read under Hugging Face parameter names (``model.layers.0.self_attn.
-q_proj.weight`` ...), then fused into the layout of :mod:`engine.model.llama` (q|k|v and
+q_proj.weight`` ...), then fused into the layout of :mod:`pdserve.engine.model.llama` (q|k|v and
 gate|up concatenated). GGUF tensors are dequantized to fp32 with ``gguf.quants.dequantize``;
 for Llama-architecture GGUFs the Q/K rows are un-permuted (llama.cpp reorders them for its
 interleaved rope, see :func:`unpermute_qk`).
@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from engine.model import weight_cache
-from engine.model.config import ModelConfig, config_from_gguf, config_from_hf
-from engine.model.llama import LlamaModel
-from engine.model.registry import ModelSource
+from pdserve.engine.model import weight_cache
+from pdserve.engine.model.config import ModelConfig, config_from_gguf, config_from_hf
+from pdserve.engine.model.llama import LlamaModel
+from pdserve.engine.model.registry import ModelSource
 
 # A getter returns the fp32/native tensor stored under a Hugging Face name, or None.
 TensorGetter = Callable[[str], torch.Tensor | None]
@@ -85,7 +85,7 @@ def load_state_dict(
     dtype: torch.dtype = torch.float32,
     show_progress: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """All weights in our naming (see :mod:`engine.model.llama`), cast to ``dtype``."""
+    """All weights in our naming (see :mod:`pdserve.engine.model.llama`), cast to ``dtype``."""
     if source.kind == "gguf":
         getter = _gguf_getter(source.path, config)
     else:

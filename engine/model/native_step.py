@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.model.config import ModelConfig
-from engine.model.fused_ops import FusedOps, fused_ops
-from engine.model.packed_gemm import OPS, PackedGemm
-from engine.model.packed_linear import PackedLinear, PackedMLP
+from pdserve.engine.model.config import ModelConfig
+from pdserve.engine.model.fused_ops import FusedOps, fused_ops
+from pdserve.engine.model.packed_gemm import OPS, PackedGemm
+from pdserve.engine.model.packed_linear import PackedLinear, PackedMLP
 
 if TYPE_CHECKING:
-    from engine.attention.native import BoundDecode
-    from engine.model.llama import DecoderLayer
+    from pdserve.engine.attention.native import BoundDecode
+    from pdserve.engine.model.llama import DecoderLayer
 
 
 @dataclass(slots=True, frozen=True)

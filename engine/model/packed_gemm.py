@@ -2,7 +2,7 @@
 ``packed_gemm.c``; bf16 on AMX tiles with ``amx_gemm.c`` or, on CPUs without AMX, on AVX-512
 BF16 vectors with ``avx512_bf16_gemm.c`` (the same ops, arguments and bf16 layout).
 
-:class:`engine.model.packed_linear.PackedLinear` uses them when they load, and oneDNN
+:class:`pdserve.engine.model.packed_linear.PackedLinear` uses them when they load, and oneDNN
 otherwise (no C compiler, or bf16 on a CPU with neither: the reason is logged once). See the
 C files for the layouts and the measured speed.
 """
@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from engine.native_build import BASE_CFLAGS, load_library
+from pdserve.engine.native_build import BASE_CFLAGS, CSRC, load_library
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("packed_gemm.c")
-AMX_SOURCE = Path(__file__).with_name("amx_gemm.c")
-AVX512_BF16_SOURCE = Path(__file__).with_name("avx512_bf16_gemm.c")
+SOURCE = CSRC / "packed_gemm.c"
+AMX_SOURCE = CSRC / "amx_gemm.c"
+AVX512_BF16_SOURCE = CSRC / "avx512_bf16_gemm.c"
 # FMA contraction: the accumulation is one multiply-add per weight, as in any BLAS; no
 # trapping math lets the epilogue's floorf vectorize (no effect on results).
 CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-trapping-math")

@@ -5,16 +5,16 @@ sequences (often 4..64) or a prefill chunk (up to the token budget). For small `
 default BLAS path reads the weights at half the memory bandwidth or less. Packed once into a
 layout the GEMM reads front to back, the weights serve every ``T``:
 
-- fp32: our own GEMM (``engine/model/packed_gemm.c``), 1.15-1.40x faster than oneDNN's packed
+- fp32: our own GEMM (``engine/csrc/packed_gemm.c``), 1.15-1.40x faster than oneDNN's packed
   fp32 GEMM for 1-64 rows, level to 9% slower from 256 rows up (SmolLM2's layer linears,
-  two threads, ``python -m bench.packed_gemm``), level at 2,048 since outputs of 2 MiB or
+  two threads, ``python -m pdserve.bench.packed_gemm``), level at 2,048 since outputs of 2 MiB or
   more are streamed (``stream_store.h``: 0.95-0.96x before, 1.00x after, 2026-11-26);
   oneDNN when it cannot be built.
-- bf16: our own AMX GEMM (``engine/model/amx_gemm.c``) where the CPU has AMX and the input
+- bf16: our own AMX GEMM (``engine/csrc/amx_gemm.c``) where the CPU has AMX and the input
   size is a multiple of 32; else our own AVX-512 BF16 GEMM (``avx512_bf16_gemm.c``) where
   the CPU has AVX-512 BF16 and the input size is even: on a Zen 4, 1.14-1.53x faster than
   oneDNN's for 1-64 rows, level at 128-256, 0.99x at 2,048 with big outputs streamed
-  (0.94-0.95x before; ``python -m bench.packed_gemm --dtype bf16``, 2026-11-26), and
+  (0.94-0.95x before; ``python -m pdserve.bench.packed_gemm --dtype bf16``, 2026-11-26), and
   batch-invariant (with oneDNN's, the engine's bf16 tokens depended on the batch); oneDNN
   otherwise.
 
@@ -24,7 +24,7 @@ adds; on our GEMMs the MLP's gate and up are even one GEMM, see :class:`PackedML
 
 The packed weight replaces the plain one (no second copy), so a packed model's
 ``state_dict`` holds packed tensors: pack only models that serve
-(:meth:`engine.model.llama.LlamaModel.pack_linears`), never ones that are saved.
+(:meth:`pdserve.engine.model.llama.LlamaModel.pack_linears`), never ones that are saved.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.host_memory import on_huge_pages
-from engine.model.packed_gemm import SWIGLU_GROUP, PackedGemm, gemm_for, swiglu_rows
+from pdserve.engine.host_memory import on_huge_pages
+from pdserve.engine.model.packed_gemm import SWIGLU_GROUP, PackedGemm, gemm_for, swiglu_rows
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -126,7 +126,7 @@ def gather_on_huge_pages(model: nn.Module) -> None:
 
     A decode step reads every weight once, front to back, a few rows at a time: on 4 KiB
     pages each 4 KiB costs a TLB miss, and the CPU's prefetchers stop at every page's end.
-    Measured gain (Zen 4, two threads, 2026-11-26, ``python -m bench.packed_gemm --dtype
+    Measured gain (Zen 4, two threads, 2026-11-26, ``python -m pdserve.bench.packed_gemm --dtype
     bf16 [--huge-pages]``, alternating): 4-7% at 1-32 rows in one pair of runs; in the other
     level at 1-32 rows, 5% at 48; a stand-alone C loop over the same GEMMs, 3-10% at 8-32. The
     KV pool gained 7-9% the same way (``engine/host_memory.py``). oneDNN's packed weights

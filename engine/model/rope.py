@@ -13,8 +13,8 @@ import math
 import torch
 from torch import nn
 
-from engine.model.config import ModelConfig, RopeScaling
-from engine.model.fused_ops import fused_ops
+from pdserve.engine.model.config import ModelConfig, RopeScaling
+from pdserve.engine.model.fused_ops import fused_ops
 
 
 def rope_inv_freq(config: ModelConfig, freq_factors: torch.Tensor | None = None) -> torch.Tensor:

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.model.config import ModelConfig, RopeScaling
-from engine.paths import cache_dir
+from pdserve.engine.model.config import ModelConfig, RopeScaling
+from pdserve.engine.paths import cache_dir
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"

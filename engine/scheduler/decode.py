@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from engine.scheduler.preemption import Preemptor
-from engine.scheduler.sequence import Sequence
-from engine.scheduler.state import SchedulerState
-from engine.scheduler.step import StepBuilder
+from pdserve.engine.scheduler.preemption import Preemptor
+from pdserve.engine.scheduler.sequence import Sequence
+from pdserve.engine.scheduler.state import SchedulerState
+from pdserve.engine.scheduler.step import StepBuilder
 
 
 class DecodeScheduler:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.scheduler.sequence import Sequence, SequenceStatus
-from engine.scheduler.state import SchedulerState
+from pdserve.engine.scheduler.sequence import Sequence, SequenceStatus
+from pdserve.engine.scheduler.state import SchedulerState
 
 
 class Finisher:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine.scheduler.sequence import Sequence
+from pdserve.engine.scheduler.sequence import Sequence
 
 
 class SiblingGroups:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from engine.scheduler.sequence import Sequence, SequenceStatus
-from engine.scheduler.state import SchedulerState
-from engine.scheduler.step import StepBuilder
+from pdserve.engine.scheduler.sequence import Sequence, SequenceStatus
+from pdserve.engine.scheduler.state import SchedulerState
+from pdserve.engine.scheduler.step import StepBuilder
 
 
 class Preemptor:

@@ -12,7 +12,7 @@ The engine loop around it::
 
 A step is decode-first and stall-free: every running sequence with one pending token gets
 it (preempting the newest sequences by recompute if blocks run out), then prefill chunks
-fill the remaining token budget FCFS (:mod:`engine.scheduler.prefill`).
+fill the remaining token budget FCFS (:mod:`pdserve.engine.scheduler.prefill`).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.kv_cache import KVCacheManager
-from engine.scheduler.config import SchedulerConfig
-from engine.scheduler.decode import DecodeScheduler
-from engine.scheduler.finishing import Finisher
-from engine.scheduler.plan import BatchPlan
-from engine.scheduler.preemption import Preemptor
-from engine.scheduler.prefill import PrefillScheduler
-from engine.scheduler.sequence import Sequence, SequenceStatus
-from engine.scheduler.state import SchedulerState
-from engine.scheduler.step import StepBuilder
-from engine.scheduler.update import SequenceUpdate, StepUpdater
+from pdserve.engine.kv_cache import KVCacheManager
+from pdserve.engine.scheduler.config import SchedulerConfig
+from pdserve.engine.scheduler.decode import DecodeScheduler
+from pdserve.engine.scheduler.finishing import Finisher
+from pdserve.engine.scheduler.plan import BatchPlan
+from pdserve.engine.scheduler.preemption import Preemptor
+from pdserve.engine.scheduler.prefill import PrefillScheduler
+from pdserve.engine.scheduler.sequence import Sequence, SequenceStatus
+from pdserve.engine.scheduler.state import SchedulerState
+from pdserve.engine.scheduler.step import StepBuilder
+from pdserve.engine.scheduler.update import SequenceUpdate, StepUpdater
 
 _FINISH_BY_REASON = {
     "stop": SequenceStatus.FINISHED_STOPPED,

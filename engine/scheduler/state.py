@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.kv_cache import KVCacheManager
-from engine.scheduler.config import SchedulerConfig
-from engine.scheduler.groups import SiblingGroups
-from engine.scheduler.sequence import Sequence
-from engine.scheduler.waiting_queue import WaitingQueue
+from pdserve.engine.kv_cache import KVCacheManager
+from pdserve.engine.scheduler.config import SchedulerConfig
+from pdserve.engine.scheduler.groups import SiblingGroups
+from pdserve.engine.scheduler.sequence import Sequence
+from pdserve.engine.scheduler.waiting_queue import WaitingQueue
 
 
 @dataclass(slots=True)

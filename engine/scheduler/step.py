@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.scheduler.plan import BatchPlan, ScheduledChunk
-from engine.scheduler.sequence import Sequence
+from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
+from pdserve.engine.scheduler.sequence import Sequence
 
 
 class StepBuilder:

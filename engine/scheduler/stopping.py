@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.scheduler.sequence import Sequence, SequenceStatus
+from pdserve.engine.scheduler.sequence import Sequence, SequenceStatus
 
 
 def stop_status(seq: Sequence, max_model_len: int) -> SequenceStatus | None:

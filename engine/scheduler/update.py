@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.scheduler.finishing import Finisher
-from engine.scheduler.plan import BatchPlan, ScheduledChunk
-from engine.scheduler.sequence import Sequence, SequenceStatus
-from engine.scheduler.state import SchedulerState
-from engine.scheduler.stopping import stop_status
+from pdserve.engine.scheduler.finishing import Finisher
+from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
+from pdserve.engine.scheduler.sequence import Sequence, SequenceStatus
+from pdserve.engine.scheduler.state import SchedulerState
+from pdserve.engine.scheduler.stopping import stop_status
 
 
 @dataclass(slots=True, frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 
-from engine.scheduler.sequence import Sequence
+from pdserve.engine.scheduler.sequence import Sequence
 
 
 class WaitingQueue:

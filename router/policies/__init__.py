@@ -6,11 +6,11 @@
 
 from __future__ import annotations
 
-from router.policies.cost import predict_ttft, split_pools
-from router.policies.joint import JointTtftPolicy
-from router.policies.prefix_aware import PrefixAwarePolicy
-from router.policies.simple import LeastLoadedPolicy, RoundRobinPolicy
-from router.policies.types import (
+from pdserve.router.policies.cost import predict_ttft, split_pools
+from pdserve.router.policies.joint import JointTtftPolicy
+from pdserve.router.policies.prefix_aware import PrefixAwarePolicy
+from pdserve.router.policies.simple import LeastLoadedPolicy, RoundRobinPolicy
+from pdserve.router.policies.types import (
     CostModel,
     RouteDecision,
     RouteRequest,

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.policies.cost import Pools, describe, predict_ttft, split_pools
-from router.policies.types import CostModel, RouteDecision, RouteRequest, WorkerCandidate
+from pdserve.router.policies.cost import Pools, describe, predict_ttft, split_pools
+from pdserve.router.policies.types import CostModel, RouteDecision, RouteRequest, WorkerCandidate
 
 Ordering = tuple[Sequence[WorkerCandidate], Sequence[WorkerCandidate]]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from router.policies.types import CostModel, RouteRequest, WorkerCandidate, WorkerRole
+from pdserve.router.policies.types import CostModel, RouteRequest, WorkerCandidate, WorkerRole
 
 
 @dataclass(slots=True, frozen=True)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from router.policies.base import PoolPolicy
-from router.policies.cost import Pools, TtftEstimate, describe, load_key, predict_ttft
-from router.policies.types import CostModel, RouteDecision, RouteRequest, WorkerCandidate
+from pdserve.router.policies.base import PoolPolicy
+from pdserve.router.policies.cost import Pools, TtftEstimate, describe, load_key, predict_ttft
+from pdserve.router.policies.types import CostModel, RouteDecision, RouteRequest, WorkerCandidate
 
 
 class JointTtftPolicy(PoolPolicy):

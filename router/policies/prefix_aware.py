@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.policies.base import OrderedPolicy, Ordering
-from router.policies.cost import Pools, load_key
-from router.policies.types import CostModel, RouteRequest, WorkerCandidate
+from pdserve.router.policies.base import OrderedPolicy, Ordering
+from pdserve.router.policies.cost import Pools, load_key
+from pdserve.router.policies.types import CostModel, RouteRequest, WorkerCandidate
 
 
 class PrefixAwarePolicy(OrderedPolicy):

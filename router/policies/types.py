@@ -69,7 +69,7 @@ class RouteRequest:
     """One request as routing sees it.
 
     ``cached_blocks`` maps worker id -> leading prompt blocks that worker holds (locality
-    index) or was just sent by this router (router/placements.py); missing = 0.
+    index) or was just sent by this router (router/state/placements.py); missing = 0.
     ``new_blocks`` maps worker id -> blocks of new prefix this router gave it lately.
     """
 

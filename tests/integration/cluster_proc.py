@@ -1,6 +1,6 @@
 """`pdserve up` as a real child process for the cluster tests, and ways to talk to it.
 
-The launcher is the benchmarks' (``bench/up_process.py``): ``python -m cluster.cli up`` from
+The launcher is the benchmarks' (``bench/up_process.py``): ``python -m pdserve.cluster.cli up`` from
 the repository root, with PR_SET_PDEATHSIG and a state file of endpoints once serving. Here
 ``stop`` does not kill stragglers (``kill_leftovers=False``), so ``descendants`` and ``alive``
 can show that SIGTERM alone leaves no orphan behind (Redis, Ray's daemons, worker actors).
@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 import redis
 
-from bench import up_process
-from bench.up_process import UpProcess, alive, descendants
-from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
+from pdserve.bench import up_process
+from pdserve.bench.up_process import UpProcess, alive, descendants
+from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
 
 # Small KV pools: several workers share this machine's memory with other test jobs.
 TEST_ARGS = ("--num-blocks", "256")

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import redis
 
-from cluster.redis_keys import RedisKeys
-from cluster.redis_server import RedisServer, RedisServerConfig, connect
+from pdserve.cluster.redis_server import RedisServer, RedisServerConfig, connect
+from pdserve.proto.redis_keys import RedisKeys
 
 
 class CountingConnection(redis.Connection):

@@ -16,9 +16,9 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from hypothesis import strategies as st
 
-from pdserve_proto import common_pb2, inference_pb2
-from router.grpc_server import MAX_DEADLINE_S
-from router.policies import POLICY_NAMES
+from pdserve.proto import common_pb2, inference_pb2
+from pdserve.router.edge.grpc_server import MAX_DEADLINE_S
+from pdserve.router.policies import POLICY_NAMES
 
 MODEL = "fake-model"
 VARINT, FIXED64, LEN, START_GROUP, END_GROUP, FIXED32 = 0, 1, 2, 3, 4, 5

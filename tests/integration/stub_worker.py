@@ -24,15 +24,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from engine.stop_strings import StopStringMatcher
-from pdserve_proto import common_pb2, worker_pb2, worker_pb2_grpc
-from router.config import RouterConfig
-from router.directory import StaticWorkerDirectory, WorkerInfo
-from router.event_loop import LOOP_KINDS
-from router.event_loop import run as run_loop
-from router.lifecycle import RequestLifecycle
-from router.policies import WorkerRole
-from router.service import RouterService, start_router
+from pdserve.engine.stop_strings import StopStringMatcher
+from pdserve.proto import common_pb2, worker_pb2, worker_pb2_grpc
+from pdserve.router.config import RouterConfig
+from pdserve.router.event_loop import LOOP_KINDS
+from pdserve.router.event_loop import run as run_loop
+from pdserve.router.policies import WorkerRole
+from pdserve.router.request.lifecycle import RequestLifecycle
+from pdserve.router.service import RouterService, start_router
+from pdserve.router.state.directory import StaticWorkerDirectory, WorkerInfo
 
 T = TypeVar("T")
 
@@ -377,7 +377,7 @@ def start_router_for(
 async def router_for_stubs(infos: tuple[WorkerInfo, ...], config: RouterConfig) -> RouterService:
     """A router in front of ``infos`` with the FAKE tokenizer. Picklable as
     ``functools.partial(router_for_stubs, infos)``: a factory for
-    ``router.processes.start_router_processes``."""
+    ``pdserve.router.processes.start_router_processes``."""
     return await start_router(config, FakeCharTokenizer(), StaticWorkerDirectory(infos))
 
 

@@ -20,9 +20,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.serve import BenchConfig, RandomSpec, RateResult, run_benchmark
-from bench.serve.tokens import load_tokenizer
-from router.metrics import LATENCY_BUCKETS_S
+from pdserve.bench.serve import BenchConfig, RandomSpec, RateResult, run_benchmark
+from pdserve.bench.serve.tokens import load_tokenizer
+from pdserve.router.observe.metrics import LATENCY_BUCKETS_S
 from tests.integration.cluster_proc import UpProcess, start_up
 
 pytestmark = pytest.mark.slow

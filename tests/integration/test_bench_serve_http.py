@@ -26,7 +26,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from bench.serve import (
+from pdserve.bench.serve import (
     SLO,
     BenchConfig,
     MultiTurnSpec,
@@ -36,8 +36,8 @@ from bench.serve import (
     run_benchmark,
     run_serve_bench,
 )
-from bench.serve.plots import GOODPUT_VS_RATE_PNG, LATENCY_CDF_PNG
-from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
+from pdserve.bench.serve.plots import GOODPUT_VS_RATE_PNG, LATENCY_CDF_PNG
+from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
 
 TTFT_DELAY_S = 0.05
 ITL_DELAY_S = 0.002
@@ -215,8 +215,8 @@ def test_completions_counts_ttft_and_server_figures(fake: FakeServer) -> None:
 
 
 def test_sweep_goodput_json_and_plots(fake: FakeServer, tmp_path: Path) -> None:
-    from bench.serve.plots import write_plots
-    from bench.serve.report import format_run, write_json
+    from pdserve.bench.serve.plots import write_plots
+    from pdserve.bench.serve.report import format_run, write_json
 
     # A TTFT SLO below the injected delay can never be met.
     slo = SLO(ttft_ms=TTFT_DELAY_S * 500)

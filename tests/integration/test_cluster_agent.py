@@ -14,16 +14,16 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from cluster.kv_events import KvEventSequencer, KvStored
-from cluster.locality_index import ApplyStatus, LocalityIndex
-from cluster.redis_keys import RedisKeys
-from cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
-from cluster.registry import WorkerLoad, WorkerRegistry, WorkerRole
-from cluster.router_wiring import RedisLocality, RedisWorkerDirectory, merge_after_restart
-from cluster.worker_agent import AgentConfig, WorkerAdvert, WorkerAgent, start_worker_agent
-from engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
-from router.directory import WorkerInfo as RouterWorkerInfo
-from router.policies import WorkerRole as RouterRole
+from pdserve.cluster.kv_events import KvEventSequencer, KvStored
+from pdserve.cluster.locality_index import ApplyStatus, LocalityIndex
+from pdserve.cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
+from pdserve.cluster.registry import WorkerLoad, WorkerRegistry, WorkerRole
+from pdserve.cluster.router_wiring import RedisLocality, RedisWorkerDirectory, merge_after_restart
+from pdserve.cluster.worker_agent import AgentConfig, WorkerAdvert, WorkerAgent, start_worker_agent
+from pdserve.engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.router.policies import WorkerRole as RouterRole
+from pdserve.router.state.directory import WorkerInfo as RouterWorkerInfo
 
 
 class BlockCache:

@@ -37,17 +37,17 @@ import openai
 import pytest
 import redis
 
-from cluster import registry as reg
-from cluster.kv_events import KvEventSequencer
-from cluster.locality_index import LocalityIndex
-from cluster.redis_keys import RedisKeys
-from cluster.registry import WorkerRegistry
-from cluster.router_wiring import RedisWorkerDirectory, load_router_tokenizer
-from engine.sampling_params import SamplingParams
-from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
-from router.directory import WorkerInfo
-from router.locality import engine_prompt_hasher
-from router.policies import WorkerRole
+from pdserve.cluster import registry as reg
+from pdserve.cluster.kv_events import KvEventSequencer
+from pdserve.cluster.locality_index import LocalityIndex
+from pdserve.cluster.registry import WorkerRegistry
+from pdserve.cluster.router_wiring import RedisWorkerDirectory, load_router_tokenizer
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.router.policies import WorkerRole
+from pdserve.router.state.directory import WorkerInfo
+from pdserve.router.state.locality import engine_prompt_hasher
 from tests.integration.cluster_proc import (
     UpProcess,
     alive,

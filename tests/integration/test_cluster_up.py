@@ -15,12 +15,12 @@ from typing import Any
 import openai
 import pytest
 
-from cluster.locality_index import LocalityIndex
-from cluster.redis_keys import RedisKeys
-from cluster.registry import WorkerRegistry
-from engine.sampling_params import SamplingParams
-from router.goodput_store import read_goodput
-from router.locality import engine_prompt_hasher
+from pdserve.cluster.locality_index import LocalityIndex
+from pdserve.cluster.registry import WorkerRegistry
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.router.observe.goodput_store import read_goodput
+from pdserve.router.state.locality import engine_prompt_hasher
 from tests.integration.cluster_proc import (
     UpProcess,
     alive,

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pdserve_proto import worker_pb2
+from pdserve.proto import worker_pb2
 from tests.integration.stub_worker import StubCluster, StubWorker, start_stub_cluster
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

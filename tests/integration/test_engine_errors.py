@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.worker_state import LoadedModel
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.worker_state import LoadedModel
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.model.loader import load_model
-from engine.model.packed_gemm import gemm_for
-from engine.worker_state import LoadedModel
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.packed_gemm import gemm_for
+from pdserve.engine.worker_state import LoadedModel
 
 NEW_TOKENS = 64
 _LONG = " ".join(

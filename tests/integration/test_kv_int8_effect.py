@@ -30,10 +30,10 @@ from typing import Any
 import pytest
 import torch
 
-from bench.int8_effect import Continuation, Int8Effect, LogitsTap, compare
-from engine.sampling_params import SamplingParams
-from engine.worker_state import LoadedModel
-from kv_transfer import KVPoolLayout, quant
+from pdserve.bench.int8_effect import Continuation, Int8Effect, LogitsTap, compare
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.worker_state import LoadedModel
+from pdserve.kv_transfer import KVPoolLayout, quant
 
 pytestmark = pytest.mark.slow
 

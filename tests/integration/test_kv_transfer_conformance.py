@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kv_transfer import (
+from pdserve.kv_transfer import (
     BACKENDS,
     KVPoolLayout,
     KVReceiver,
@@ -24,7 +24,7 @@ from kv_transfer import (
     make_receiver,
     make_sender,
 )
-from kv_transfer.peer_process import EndpointSpec, LocalPeer, PeerProcess, make_pool
+from pdserve.kv_transfer.peer_process import EndpointSpec, LocalPeer, PeerProcess, make_pool
 
 DTYPES = (torch.float32, torch.bfloat16)
 SLOT = {torch.float32: 0, torch.bfloat16: 1}  # receiver endpoint per dtype in the peer

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from kv_transfer import (
+from pdserve.kv_transfer import (
     BACKENDS,
     FaultInjection,
     KVPoolLayout,
@@ -27,12 +27,12 @@ from kv_transfer import (
     make_receiver,
     make_sender,
 )
-from kv_transfer.inproc_backend import InprocReceiver
-from kv_transfer.metadata import decode_peer
-from kv_transfer.nixl_agent import NOTIFY_DONE, Agent
-from kv_transfer.peer_process import EndpointSpec, PeerProcess, make_pool
-from kv_transfer.sockets import ACK_ERROR, read_ack
-from kv_transfer.tcp_backend import TcpReceiver
+from pdserve.kv_transfer.inproc_backend import InprocReceiver
+from pdserve.kv_transfer.metadata import decode_peer
+from pdserve.kv_transfer.nixl_agent import NOTIFY_DONE, Agent
+from pdserve.kv_transfer.peer_process import EndpointSpec, PeerProcess, make_pool
+from pdserve.kv_transfer.sockets import ACK_ERROR, read_ack
+from pdserve.kv_transfer.tcp_backend import TcpReceiver
 
 LAYOUT = KVPoolLayout(16, 4, 4, 2, 8, torch.float32)
 SRC, DST = [0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]

@@ -16,13 +16,19 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cluster.kv_events import KvCleared, KvEvent, KvEventSequencer, KvSnapshot, KvStored
-from cluster.locality_index import ApplyStatus, LocalityIndex
-from cluster.redis_keys import RedisKeys
-from cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
-from cluster.registry import HeartbeatStatus, WorkerInfo, WorkerLoad, WorkerRegistry, WorkerRole
-from cluster.router_wiring import RedisLocality
-from router.batched_lookups import BatchedLookups
+from pdserve.cluster.kv_events import KvCleared, KvEvent, KvEventSequencer, KvSnapshot, KvStored
+from pdserve.cluster.locality_index import ApplyStatus, LocalityIndex
+from pdserve.cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
+from pdserve.cluster.registry import (
+    HeartbeatStatus,
+    WorkerInfo,
+    WorkerLoad,
+    WorkerRegistry,
+    WorkerRole,
+)
+from pdserve.cluster.router_wiring import RedisLocality
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.router.state.batched_lookups import BatchedLookups
 from tests.loop_ticks import LoopTicks
 
 WORKERS = ("w0", "w1")

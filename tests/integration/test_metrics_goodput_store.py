@@ -12,11 +12,16 @@ import httpx
 import pytest
 import redis
 
-from cluster.redis_keys import RedisKeys
-from cluster.redis_server import RedisServer
-from router.config import RouterConfig
-from router.goodput import RequestSample, SloConfig, goodput_figures
-from router.goodput_store import GoodputStore, StoredGoodput, goodput_key, read_goodput
+from pdserve.cluster.redis_server import RedisServer
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.router.config import RouterConfig
+from pdserve.router.observe.goodput import RequestSample, SloConfig, goodput_figures
+from pdserve.router.observe.goodput_store import (
+    GoodputStore,
+    StoredGoodput,
+    goodput_key,
+    read_goodput,
+)
 from tests.integration.stub_worker import start_stub_cluster
 
 
@@ -92,7 +97,7 @@ def test_redis_down_is_logged_once_and_recovery_once(
     dead = redis.Redis.from_url(dead_redis_url(), socket_connect_timeout=1.0)
     store = GoodputStore(dead, slo, "r-down")
     figures = [goodput_figures([], slo, 1.0, 10.0)]
-    with caplog.at_level(logging.WARNING, logger="router.goodput_store"):
+    with caplog.at_level(logging.WARNING, logger="pdserve.router.observe.goodput_store"):
         assert store.publish(figures) is False
         assert store.publish(figures) is False
         store.client = redis_client  # Redis is back

@@ -12,9 +12,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.serve.server_metrics import METRIC_NAMES, parse_exposition
-from pdserve_proto import worker_pb2
-from router.metered_lifecycle import MeteredLifecycle
+from pdserve.bench.serve.server_metrics import METRIC_NAMES, parse_exposition
+from pdserve.proto import worker_pb2
+from pdserve.router.request.metered_lifecycle import MeteredLifecycle
 from tests.integration.stub_worker import StubCluster, StubWorker, start_stub_cluster
 
 MODEL = "fake-model"

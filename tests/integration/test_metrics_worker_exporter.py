@@ -1,4 +1,4 @@
-"""A worker's own /metrics endpoint (cluster/worker_metrics.py), scraped over real HTTP."""
+"""A worker's own /metrics endpoint (worker/metrics.py), scraped over real HTTP."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.worker_metrics import start_metrics_server, stats_fn_on_loop
-from pdserve_proto import worker_pb2
+from pdserve.proto import worker_pb2
+from pdserve.worker.metrics import start_metrics_server, stats_fn_on_loop
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.attention import get_backend, layout_chunks, token_positions
-from engine.runner import ModelRunner, allocate_kv_cache
-from engine.scheduler.plan import BatchPlan, ScheduledChunk
+from pdserve.engine.attention import get_backend, layout_chunks, token_positions
+from pdserve.engine.runner import ModelRunner, allocate_kv_cache
+from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
 
 pytestmark = pytest.mark.slow
 

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from engine.model.fused_ops import fused_ops
-from engine.model.loader import load_model
-from engine.model.native_step import NativeDecodeLayers
-from engine.model.packed_gemm import gemm_for
-from engine.runner import ModelRunner, allocate_kv_cache
-from engine.scheduler.plan import BatchPlan, ScheduledChunk
+from pdserve.engine.model.fused_ops import fused_ops
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.native_step import NativeDecodeLayers
+from pdserve.engine.model.packed_gemm import gemm_for
+from pdserve.engine.runner import ModelRunner, allocate_kv_cache
+from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
 
 pytestmark = pytest.mark.slow
 

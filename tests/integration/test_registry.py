@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from cluster.redis_keys import RedisKeys
-from cluster.redis_server import (
+from pdserve.cluster.redis_server import (
     RedisAuthError,
     RedisServer,
     RedisServerConfig,
@@ -24,13 +23,14 @@ from cluster.redis_server import (
     find_redis_server_binary,
     redis_url,
 )
-from cluster.registry import (
+from pdserve.cluster.registry import (
     HeartbeatStatus,
     WorkerInfo,
     WorkerLoad,
     WorkerRegistry,
     WorkerRole,
 )
+from pdserve.proto.redis_keys import RedisKeys
 
 
 def _info(worker_id: str, role: str, epoch: int) -> WorkerInfo:
@@ -170,7 +170,7 @@ def test_auth_required_and_wrong_password_is_clear() -> None:
 def test_embedded_server_dies_with_a_killed_parent() -> None:
     # The parent is SIGKILLed, so no cleanup code runs: only PR_SET_PDEATHSIG can stop redis.
     code = (
-        "from cluster.redis_server import RedisServer\n"
+        "from pdserve.cluster.redis_server import RedisServer\n"
         "import sys, time\n"
         "s = RedisServer().start()\n"
         "print(s._proc.pid, flush=True)\n"

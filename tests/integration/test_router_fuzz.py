@@ -32,8 +32,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdserve_proto import common_pb2, inference_pb2
-from router.grpc_server import MAX_DEADLINE_S
+from pdserve.proto import common_pb2, inference_pb2
+from pdserve.router.edge.grpc_server import MAX_DEADLINE_S
 from tests.integration.grpc_fuzz import (
     RPCS,
     VALID_MESSAGES,

@@ -9,8 +9,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
-from router.config import RouterConfig
+from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
+from pdserve.router.config import RouterConfig
 from tests.integration.stub_worker import StubCluster, start_stub_cluster
 
 S = grpc.StatusCode

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from router.config import RouterConfig
+from pdserve.router.config import RouterConfig
 from tests.integration.stub_worker import StubCluster, start_stub_cluster
 
 MODEL = "fake-model"

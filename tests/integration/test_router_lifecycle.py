@@ -11,11 +11,11 @@ import grpc
 import httpx
 import pytest
 
-from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
-from router.config import RouterConfig
-from router.locality import InProcessLocalityIndex, engine_prompt_hasher
-from router.policies import WorkerLoad
-from router.request import InMemoryTimingSink
+from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
+from pdserve.router.config import RouterConfig
+from pdserve.router.policies import WorkerLoad
+from pdserve.router.request.types import InMemoryTimingSink
+from pdserve.router.state.locality import InProcessLocalityIndex, engine_prompt_hasher
 from tests.integration.stub_worker import FakeCharTokenizer, StubCluster, start_stub_cluster
 
 S = grpc.StatusCode

@@ -20,13 +20,13 @@ from typing import TypeVar
 import grpc
 import pytest
 
-from pdserve_proto import common_pb2, inference_pb2, inference_pb2_grpc
-from router.config import RouterConfig
-from router.directory import StaticWorkerDirectory, WorkerInfo
-from router.event_loop import run
-from router.policies import WorkerRole
-from router.processes import RouterProcesses, start_router_processes
-from router.service import RouterService, start_router
+from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
+from pdserve.router.config import RouterConfig
+from pdserve.router.event_loop import run
+from pdserve.router.policies import WorkerRole
+from pdserve.router.processes import RouterProcesses, start_router_processes
+from pdserve.router.service import RouterService, start_router
+from pdserve.router.state.directory import StaticWorkerDirectory, WorkerInfo
 from tests.integration.stub_worker import (
     FakeCharTokenizer,
     StubWorker,

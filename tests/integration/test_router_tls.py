@@ -11,8 +11,8 @@ import grpc
 import httpx
 import pytest
 
-from pdserve_proto import inference_pb2, inference_pb2_grpc
-from router.config import RouterConfig
+from pdserve.proto import inference_pb2, inference_pb2_grpc
+from pdserve.router.config import RouterConfig
 from tests.integration.stub_worker import start_stub_cluster
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.attention import get_backend
-from engine.runner import ModelRunner, allocate_kv_cache, bytes_per_block
-from engine.scheduler.plan import BatchPlan, ScheduledChunk
+from pdserve.engine.attention import get_backend
+from pdserve.engine.runner import ModelRunner, allocate_kv_cache, bytes_per_block
+from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
 
 pytestmark = pytest.mark.slow
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from engine.model import weight_cache
-from engine.model.loader import load_model
-from engine.tokenizer import load_tokenizer
+from pdserve.engine.model import weight_cache
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.tokenizer import load_tokenizer
 
 
 @pytest.fixture()

@@ -20,8 +20,8 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine.sampling_params import SamplingParams
-from pdserve_proto import worker_pb2
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.proto import worker_pb2
 from tests.integration.worker_procs import (
     DisaggResult,
     WorkerProc,

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
-from pdserve_proto import common_pb2, worker_pb2
+from pdserve.proto import common_pb2, worker_pb2
 from tests.integration.worker_procs import (
     WorkerProc,
     greedy,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.sampling_params import SamplingParams
+from pdserve.engine.sampling_params import SamplingParams
 from tests.integration.worker_procs import (
     WorkerProc,
     greedy,

@@ -14,13 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from decode_worker import convert as decode_convert
-from decode_worker.reservations import Reservation, ReservationTable
-from engine.outputs import StepOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
-from engine.wire_fields import check_prompt, check_request_id
-from kv_transfer import TransferHandle, TransferState
-from kv_transfer.handoff import (
+from pdserve.decode_worker import convert as decode_convert
+from pdserve.decode_worker.reservations import Reservation, ReservationTable
+from pdserve.engine.outputs import StepOutput, TokenLogprob
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.kv_transfer import TransferHandle, TransferState
+from pdserve.kv_transfer.handoff import (
     KVDestination,
     PreconditionFailed,
     RequestCancelled,
@@ -28,10 +27,11 @@ from kv_transfer.handoff import (
     TransferTimedOut,
     await_handle,
 )
-from pdserve_proto import common_pb2, worker_pb2
-from prefill_worker.convert import destination_from_proto, params_from_proto, step_to_chunk
-from prefill_worker.errors import status_for
-from prefill_worker.transfer import plan_transfer
+from pdserve.prefill_worker.transfer import plan_transfer
+from pdserve.proto import common_pb2, worker_pb2
+from pdserve.worker.checks import check_prompt, check_request_id
+from pdserve.worker.convert import destination_from_proto, params_from_proto, step_to_chunk
+from pdserve.worker.errors import status_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 first_token_from_proto = decode_convert.first_token_from_proto

@@ -1,6 +1,6 @@
 """Real worker processes for integration tests: start on free loopback ports, stop cleanly.
 
-Each worker is ``python -m cluster.worker_server`` with ``--port 0``; it writes a ready file
+Each worker is ``python -m pdserve.worker.server`` with ``--port 0``; it writes a ready file
 (with the port it bound) once its model is loaded and warm. Children get PR_SET_PDEATHSIG,
 so a test run that dies never leaves workers behind; ``stop`` sends SIGTERM, then SIGKILL.
 Also: a client-side driver of the disaggregated path (ReserveKV -> Prefill -> Decode).
@@ -24,8 +24,8 @@ from typing import Any
 
 import grpc
 
-from bench.up_process import terminate
-from pdserve_proto import common_pb2, worker_pb2, worker_pb2_grpc
+from pdserve.bench.up_process import terminate
+from pdserve.proto import common_pb2, worker_pb2, worker_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600.0
@@ -97,7 +97,7 @@ def launch_worker(name: str, role: str, tmp_dir: Path, *extra: str) -> WorkerPro
     """Start a worker without waiting for it (its model loads in the background)."""
     ready = tmp_dir / f"{name}.ready.json"
     log_path = tmp_dir / f"{name}.log"
-    args = [sys.executable, "-m", "cluster.worker_server", "--role", role, "--port", "0"]
+    args = [sys.executable, "-m", "pdserve.worker.server", "--role", role, "--port", "0"]
     args += ["--worker-id", name, "--ready-file", str(ready), *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as log_file:
@@ -217,6 +217,6 @@ def wait_for(condition: Any, timeout_s: float = 30.0, interval_s: float = 0.1) -
 @functools.cache
 def offline_llm() -> Any:
     """One offline engine per test process (the reference the workers must equal)."""
-    from engine import LLM
+    from pdserve.engine import LLM
 
     return LLM(num_blocks=256)

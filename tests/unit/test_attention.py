@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.attention import get_backend, layout_chunks
-from engine.attention.base import AttentionBackend
-from engine.attention.cpu import CpuAttentionBackend
-from engine.attention.cpu_plan import plan_native_decodes
+from pdserve.engine.attention import get_backend, layout_chunks
+from pdserve.engine.attention.base import AttentionBackend
+from pdserve.engine.attention.cpu import CpuAttentionBackend
+from pdserve.engine.attention.cpu_plan import plan_native_decodes
 
 NUM_LAYERS, BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM, NUM_BLOCKS = 3, 4, 2, 6, 8, 64
 

@@ -1,4 +1,4 @@
-"""The native paged decode kernel (engine/attention/paged_decode.c) against a dense reference,
+"""The native paged decode kernel (engine/csrc/paged_decode.c) against a dense reference,
 on the shapes and memory layouts the model really hands it, and its build/fallback path."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import engine.attention.cpu_prefill as cpu_prefill
-import engine.attention.native as native
-import engine.native_build as native_build
-from engine.attention.base import pool_write_rows, write_kv
-from engine.attention.native import PagedDecodeKernel, load_paged_decode
+import pdserve.engine.attention.cpu_prefill as cpu_prefill
+import pdserve.engine.attention.native as native
+import pdserve.engine.native_build as native_build
+from pdserve.engine.attention.base import pool_write_rows, write_kv
+from pdserve.engine.attention.native import PagedDecodeKernel, load_paged_decode
 
 LAYERS, BLOCK, HEADS, KV_HEADS = 3, 16, 9, 3
 

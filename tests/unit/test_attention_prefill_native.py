@@ -1,4 +1,4 @@
-"""The native paged prefill kernel (engine/attention/paged_prefill.c), fp32 and bf16, against
+"""The native paged prefill kernel (engine/csrc/paged_prefill.c), fp32 and bf16, against
 a causal attention in fp64, on paged pools with shuffled block tables."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-import engine.attention.paged_prefill as paged_prefill
-from engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
+import pdserve.engine.attention.paged_prefill as paged_prefill
+from pdserve.engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
 
 LAYERS = 3
 

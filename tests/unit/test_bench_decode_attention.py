@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench import decode_attention as bench
-from engine.attention.native import load_paged_decode
+from pdserve.bench import decode_attention as bench
+from pdserve.engine.attention.native import load_paged_decode
 
 
 def test_step_covers_each_context_with_its_own_shuffled_blocks() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import fused_ops as bench
-from engine.model.fused_ops import fused_ops
+from pdserve.bench import fused_ops as bench
+from pdserve.engine.model.fused_ops import fused_ops
 
 
 def test_prints_torch_and_fused_times_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:

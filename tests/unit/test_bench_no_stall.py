@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from bench.no_stall import build_parser
-from bench.no_stall_report import (
+from pdserve.bench.no_stall import build_parser
+from pdserve.bench.no_stall_report import (
     SetupResult,
     Workload,
     format_table,
@@ -28,9 +28,9 @@ from bench.no_stall_report import (
     window_gaps_s,
     window_tokens,
 )
-from bench.serve.outputs import RequestOutput
-from bench.up_process import alive, descendants, process_cores
-from cluster.cpu_affinity import core_for_worker, parse_cpu_affinity
+from pdserve.bench.serve.outputs import RequestOutput
+from pdserve.bench.up_process import alive, descendants, process_cores
+from pdserve.cluster.cpu_affinity import core_for_worker, parse_cpu_affinity
 
 
 def output(

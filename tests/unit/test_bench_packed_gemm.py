@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench import packed_gemm as bench
-from bench.baselines_hf import TORCH_DTYPES
-from engine.model.packed_gemm import gemm_for
+from pdserve.bench import packed_gemm as bench
+from pdserve.bench.baselines_hf import TORCH_DTYPES
+from pdserve.engine.model.packed_gemm import gemm_for
 
 
 @pytest.mark.parametrize("dtype", sorted(TORCH_DTYPES))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import prefill_attention as bench
-from engine.attention.paged_prefill import load_paged_prefill
+from pdserve.bench import prefill_attention as bench
+from pdserve.engine.attention.paged_prefill import load_paged_prefill
 
 
 def test_prints_torch_and_our_times_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:

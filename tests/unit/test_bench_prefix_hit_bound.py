@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.prefix_hit_bound import (
+from pdserve.bench.prefix_hit_bound import (
     Scenario,
     arrivals,
     hit_rate,

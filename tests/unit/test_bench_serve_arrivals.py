@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from bench.serve.arrivals import arrival_offsets_s, inter_arrival_s, parse_rates
+from pdserve.bench.serve.arrivals import arrival_offsets_s, inter_arrival_s, parse_rates
 
 
 @pytest.mark.parametrize("rate", [0.5, 4.0, 100.0])

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from bench.serve import BenchConfig, MultiTurnSpec, SharedPrefixSpec, add_serve_arguments
-from bench.serve.cli import config_from_args
-from bench.serve.metrics import SLO
+from pdserve.bench.serve import BenchConfig, MultiTurnSpec, SharedPrefixSpec, add_serve_arguments
+from pdserve.bench.serve.cli import config_from_args
+from pdserve.bench.serve.metrics import SLO
 
 
 def _config(*argv: str) -> BenchConfig:

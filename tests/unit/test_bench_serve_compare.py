@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.goodput_sweep import (
+from pdserve.bench.goodput_sweep import (
     ClusterSetup,
     affinity_flags,
     check_pinned,
     goodput_setups,
     prefix_setups,
 )
-from bench.serve.compare import (
+from pdserve.bench.serve.compare import (
     goodput_table,
     plot_goodput_vs_rate,
     plot_prefix_routing,
@@ -30,10 +30,10 @@ from bench.serve.compare import (
     slo_text,
     sustainable_rate,
 )
-from bench.serve.config import BenchConfig, BenchResult, RateResult
-from bench.serve.metrics import SLO, Distribution, Summary
-from bench.serve.server_metrics import ServerFigures
-from cluster.cpu_affinity import core_for_worker, parse_cpu_affinity
+from pdserve.bench.serve.config import BenchConfig, BenchResult, RateResult
+from pdserve.bench.serve.metrics import SLO, Distribution, Summary
+from pdserve.bench.serve.server_metrics import ServerFigures
+from pdserve.cluster.cpu_affinity import core_for_worker, parse_cpu_affinity
 
 NAN = math.nan
 GOODPUT_SLO = SLO(ttft_ms=1000.0, tpot_ms=75.0)

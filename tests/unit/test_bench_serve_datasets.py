@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve.datasets import (
+from pdserve.bench.serve.datasets import (
     BenchRequest,
     Conversation,
     MultiTurnSpec,
@@ -20,8 +20,8 @@ from bench.serve.datasets import (
     count_requests,
     spread_range,
 )
-from bench.serve.text import Prompt, TextSource, load_corpus_paragraphs
-from bench.serve.tokens import approx_tokens, words_for_tokens
+from pdserve.bench.serve.text import Prompt, TextSource, load_corpus_paragraphs
+from pdserve.bench.serve.tokens import approx_tokens, words_for_tokens
 
 PARAGRAPHS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",

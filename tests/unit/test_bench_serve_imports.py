@@ -11,10 +11,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 _PROBE = """
 import sys
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
-import bench.serve
-import bench.serve.grpc_client, bench.serve.plots, bench.serve.__main__
-from bench.serve import RandomSpec, build_dataset
-from bench.serve.text import TextSource
+import pdserve.bench.serve
+import pdserve.bench.serve.grpc_client, pdserve.bench.serve.plots, pdserve.bench.serve.__main__
+from pdserve.bench.serve import RandomSpec, build_dataset
+from pdserve.bench.serve.text import TextSource
 assert len(build_dataset(RandomSpec(8, 2), 3, seed=0, source=TextSource())) == 3
 banned = ("torch", "engine", "cluster", "router", "transformers", "matplotlib")
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in banned and sys.modules[m])

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from bench.serve.metrics import (
+from pdserve.bench.serve.metrics import (
     SLO,
     distribution,
     meets_slo,
@@ -16,8 +16,8 @@ from bench.serve.metrics import (
     percentile,
     summarize,
 )
-from bench.serve.outputs import RequestOutput
-from bench.serve.server_metrics import ServerFigures, figures, parse_exposition
+from pdserve.bench.serve.outputs import RequestOutput
+from pdserve.bench.serve.server_metrics import ServerFigures, figures, parse_exposition
 
 
 def _out(

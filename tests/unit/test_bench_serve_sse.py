@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.serve.sse import DONE, SSEDecoder, parse_chunk
+from pdserve.bench.serve.sse import DONE, SSEDecoder, parse_chunk
 
 
 def _decode(lines: list[str]) -> list[str]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from bench.floor import StepShape
-from bench.step_profile import step_kind, step_shape, summarize
-from engine.scheduler.plan import BatchPlan, ScheduledChunk
+from pdserve.bench.floor import StepShape
+from pdserve.bench.step_profile import step_kind, step_shape, summarize
+from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
 
 
 def _chunk(start: int, tokens: int, sample: bool = True) -> ScheduledChunk:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ttft_breakdown import format_table, make_sample, summarize
+from pdserve.bench.ttft_breakdown import format_table, make_sample, summarize
 
 
 def _times(prefill_s: float, transfer_s: float, first_step_s: float) -> dict[str, float]:

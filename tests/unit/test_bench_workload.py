@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.engine_throughput import compute_floor, format_table
-from bench.floor import (
+from pdserve.bench.engine_throughput import compute_floor, format_table
+from pdserve.bench.floor import (
     ModelShape,
     Roofline,
     StepShape,
@@ -15,7 +15,7 @@ from bench.floor import (
     simulate_schedule,
     step_floor_s,
 )
-from bench.workload import (
+from pdserve.bench.workload import (
     RunResult,
     WorkloadSpec,
     build_workload,

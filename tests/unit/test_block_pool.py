@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv_cache import BlockPool, BlocksRemoved, BlocksStored, CacheCleared
+from pdserve.engine.kv_cache import BlockPool, BlocksRemoved, BlocksStored, CacheCleared
 
 
 def test_allocates_lowest_ids_first_then_reuses_freed_blocks_lru() -> None:

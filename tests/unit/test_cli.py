@@ -1,6 +1,6 @@
 import pytest
 
-from cluster.cli import build_parser, main
+from pdserve.cluster.cli import build_parser, main
 
 
 def test_bench_offline_passes_the_rest_to_the_engine_benchmark() -> None:

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from cluster import cpu_affinity
-from cluster.cpu_affinity import core_for_worker, parse_cpu_affinity, pin_process
-from cluster.settings import Settings
+from pdserve.cluster import cpu_affinity
+from pdserve.cluster.cpu_affinity import core_for_worker, parse_cpu_affinity, pin_process
+from pdserve.cluster.settings import Settings
 
 
 def test_parse_spec_per_pool() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.pool_manager import (
+from pdserve.cluster.pool_manager import (
     MemberState,
     PoolMember,
     PoolTargets,
@@ -16,7 +16,7 @@ from cluster.pool_manager import (
     drain_finished,
     plan_scale,
 )
-from cluster.settings import Settings
+from pdserve.cluster.settings import Settings
 
 S, R, D, F = MemberState.STARTING, MemberState.READY, MemberState.DRAINING, MemberState.FAILED
 
@@ -84,7 +84,7 @@ def test_pool_policy_imports_without_ray_redis_or_torch() -> None:
     probe = (
         "import sys\n"
         "for name in ('torch', 'ray', 'redis', 'grpc'): sys.modules[name] = None\n"
-        "import cluster.pool_manager, cluster.settings\n"
+        "import pdserve.cluster.pool_manager, pdserve.cluster.settings\n"
         "print('ok')\n"
     )
     root = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from engine.command_queue import CommandQueue
+from pdserve.engine.command_queue import CommandQueue
 
 
 def test_commands_run_in_order_on_the_owner_and_return_through_futures() -> None:

@@ -1,4 +1,4 @@
-"""The fused RMSNorm and RoPE (engine/model/fused_ops.c) against the torch code they replace,
+"""The fused RMSNorm and RoPE (engine/csrc/fused_ops.c) against the torch code they replace,
 on the layouts the model hands them, and their fallback when they cannot be built."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.native_build as native_build
-from engine.model.fused_ops import FusedOps, fused_ops
-from engine.model.llama import RMSNorm
-from engine.model.rope import apply_rope_torch
+import pdserve.engine.native_build as native_build
+from pdserve.engine.model.fused_ops import FusedOps, fused_ops
+from pdserve.engine.model.llama import RMSNorm
+from pdserve.engine.model.rope import apply_rope_torch
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 9, 3, 64, 576
 DTYPES = [torch.float32, torch.bfloat16]

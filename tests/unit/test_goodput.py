@@ -1,4 +1,5 @@
-"""SLO attainment and goodput arithmetic (router/goodput.py): crafted samples, window edges."""
+"""SLO attainment and goodput arithmetic (router/observe/goodput.py): crafted samples, window
+edges."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import pytest
 
-from router.goodput import (
+from pdserve.router.observe.goodput import (
     RequestSample,
     SlidingGoodput,
     SloConfig,

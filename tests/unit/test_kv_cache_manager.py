@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from engine.kv_cache import (
+from pdserve.engine.kv_cache import (
     BlockHasher,
     BlocksRemoved,
     BlocksStored,

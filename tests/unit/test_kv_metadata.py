@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from kv_transfer.layout import KVPoolLayout
-from kv_transfer.metadata import PeerInfo, decode_peer, encode_peer
-from kv_transfer.wire import VERSION
+from pdserve.kv_transfer.layout import KVPoolLayout
+from pdserve.kv_transfer.metadata import PeerInfo, decode_peer, encode_peer
+from pdserve.kv_transfer.wire import VERSION
 
 LAYOUT = KVPoolLayout(8, 2, 16, 3, 64, torch.float32)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kv_transfer import quant
-from kv_transfer.layout import KVPoolLayout
+from pdserve.kv_transfer import quant
+from pdserve.kv_transfer.layout import KVPoolLayout
 
 LAYOUT = KVPoolLayout(32, 4, 4, 2, 8, torch.float32)  # blocks, layers, bs, kv heads, head_dim
 # int8 record of LAYOUT, from quant.py's table: bf16 k_scales [L, H, D], bf16 v_scales

@@ -9,14 +9,14 @@ import zlib
 import pytest
 import torch
 
-from kv_transfer.config import TransferConfig
-from kv_transfer.connector import TransferHandle, TransferState
-from kv_transfer.expectations import ExpectationTable
-from kv_transfer.factory import make_sender
-from kv_transfer.layout import KVPoolLayout, check_block_ids, pool_bytes
-from kv_transfer.nixl_agent import load_nixl
-from kv_transfer.stats import TransferCounters
-from kv_transfer.wire import TransferHeader, WireFormatError, validate_header
+from pdserve.kv_transfer.config import TransferConfig
+from pdserve.kv_transfer.connector import TransferHandle, TransferState
+from pdserve.kv_transfer.expectations import ExpectationTable
+from pdserve.kv_transfer.factory import make_sender
+from pdserve.kv_transfer.layout import KVPoolLayout, check_block_ids, pool_bytes
+from pdserve.kv_transfer.nixl_agent import load_nixl
+from pdserve.kv_transfer.stats import TransferCounters
+from pdserve.kv_transfer.wire import TransferHeader, WireFormatError, validate_header
 
 LAYOUT = KVPoolLayout(32, 4, 4, 2, 8, torch.float32)  # blocks, layers, bs, kv heads, head_dim
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-from engine.model.config import config_from_gguf
-from engine.model.loader import load_model, load_model_config, unpermute_qk
-from engine.model.registry import DEFAULT_MODEL_NAME, resolve_model
-from engine.model.rope import apply_rope
-from engine.runner import ModelRunner, allocate_kv_cache
-from engine.scheduler.plan import BatchPlan, ScheduledChunk
+from pdserve.engine.model.config import config_from_gguf
+from pdserve.engine.model.loader import load_model, load_model_config, unpermute_qk
+from pdserve.engine.model.registry import DEFAULT_MODEL_NAME, resolve_model
+from pdserve.engine.model.rope import apply_rope
+from pdserve.engine.runner import ModelRunner, allocate_kv_cache
+from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
 
 
 def llama_cpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

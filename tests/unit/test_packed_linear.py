@@ -11,21 +11,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import engine.model.packed_gemm as packed_gemm
-import engine.model.packed_linear as packed_linear
-from engine.attention import get_backend, layout_chunks, token_positions
-from engine.host_memory import (
+import pdserve.engine.model.packed_gemm as packed_gemm
+import pdserve.engine.model.packed_linear as packed_linear
+from pdserve.engine.attention import get_backend, layout_chunks, token_positions
+from pdserve.engine.host_memory import (
     advise_huge_pages,
     keep_freed_memory,
     on_huge_pages,
     release_free_heap,
 )
-from engine.model.config import ModelConfig
-from engine.model.llama import LlamaModel
-from engine.model.packed_gemm import gemm_for, load_packed_gemm, swiglu_rows
-from engine.model.packed_linear import PackedLinear, PackedMLP, can_pack, project_add
-from engine.runner import allocate_kv_cache, kv_cache_shape
-from engine.scheduler.plan import ScheduledChunk
+from pdserve.engine.model.config import ModelConfig
+from pdserve.engine.model.llama import LlamaModel
+from pdserve.engine.model.packed_gemm import gemm_for, load_packed_gemm, swiglu_rows
+from pdserve.engine.model.packed_linear import PackedLinear, PackedMLP, can_pack, project_add
+from pdserve.engine.runner import allocate_kv_cache, kv_cache_shape
+from pdserve.engine.scheduler.plan import ScheduledChunk
 
 pytestmark = pytest.mark.skipif(
     not can_pack(torch.device("cpu"), torch.float32), reason="torch built without oneDNN"

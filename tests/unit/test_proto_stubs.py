@@ -1,4 +1,4 @@
-"""The committed stubs in pdserve_proto/ must match what proto/*.proto generates."""
+"""The committed stubs in proto/python/ must match what proto/pdserve/v1/*.proto generates."""
 
 import subprocess
 import sys
@@ -11,7 +11,7 @@ def test_committed_stubs_are_current(tmp_path: Path) -> None:
     # protoc runs in its own process: grpc_tools' extension crashes when loaded into an
     # interpreter that already holds the grpc/torch/nixl extensions of other tests.
     run = subprocess.run(
-        [sys.executable, str(ROOT / "proto" / "generate.py"), str(tmp_path)],
+        [sys.executable, "-m", "pdserve.proto.generate", str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,
@@ -20,8 +20,8 @@ def test_committed_stubs_are_current(tmp_path: Path) -> None:
     fresh = sorted(tmp_path.glob("*_pb2*.py*"))
     assert fresh, "protoc produced no files"
     for path in fresh:
-        committed = ROOT / "pdserve_proto" / path.name
-        assert committed.exists(), f"{committed} missing: run proto/generate.py"
+        committed = ROOT / "proto" / "python" / path.name
+        assert committed.exists(), f"{committed} missing: run python -m pdserve.proto.generate"
         assert committed.read_text() == path.read_text(), (
-            f"{committed.name} is stale: run proto/generate.py"
+            f"{committed.name} is stale: run python -m pdserve.proto.generate"
         )

@@ -12,10 +12,10 @@ _PROBE = """
 import sys
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
 sys.modules["numpy"] = None
-import engine.kv_cache
-import engine.scheduler
-from engine.kv_cache import KVCacheManager
-from engine.scheduler import Scheduler, SchedulerConfig, Sequence
+import pdserve.engine.kv_cache
+import pdserve.engine.scheduler
+from pdserve.engine.kv_cache import KVCacheManager
+from pdserve.engine.scheduler import Scheduler, SchedulerConfig, Sequence
 
 kv = KVCacheManager(4, 2)
 sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=2), kv)

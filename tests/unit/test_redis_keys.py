@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.redis_keys import RedisKeys
-from router.goodput_store import goodput_key, routers_key
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.router.observe.goodput_store import goodput_key, routers_key
 
 
 def test_pool_target_and_slo_keys_sit_under_the_prefix() -> None:

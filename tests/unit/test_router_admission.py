@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.admission import ConcurrencyLimiter, LocalLoadTracker
-from router.errors import OverloadedError
-from router.policies import WorkerLoad
+from pdserve.router.edge.errors import OverloadedError
+from pdserve.router.policies import WorkerLoad
+from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker
 
 
 def test_limiter_refuses_beyond_the_limit_with_a_retry_hint() -> None:

@@ -1,4 +1,4 @@
-"""router/batched_lookups.py over a FAKE batch index (a list of canned answers), so that
+"""router/state/batched_lookups.py over a FAKE batch index (a list of canned answers), so that
 when each batch leaves and what it holds can be controlled exactly."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from router.batched_lookups import BatchedLookups, Query
+from pdserve.router.state.batched_lookups import BatchedLookups, Query
 from tests.loop_ticks import LoopTicks
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from engine.sampling_params import SamplingParams
-from router.errors import (
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.router.edge.errors import (
     DeadlineExceededError,
     InvalidRequestError,
     NoWorkersError,

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from router.event_loop import resolve, run
+from pdserve.router.event_loop import resolve, run
 
 HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
 

@@ -1,5 +1,5 @@
-"""Failover policy (router/failover.py) and the router's text after a failover
-(router/failover_text.py): what is replayed, when the router gives up, and that the client's
+"""Failover policy (router/request/failover.py) and the router's text after a failover
+(router/request/failover_text.py): what is replayed, when the router gives up, and that the client's
 text equals the uninterrupted text across a break."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.sampling_params import SamplingParams
-from router.failover import (
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.router.request.failover import (
     STREAM_ENDED,
     FailoverConfig,
     Refusal,
@@ -19,8 +19,8 @@ from router.failover import (
     SequenceStream,
     StreamBreak,
 )
-from router.failover_text import TextContinuation, TextDecoder
-from router.request import ChunkEvent, TokenLogprob
+from pdserve.router.request.failover_text import TextContinuation, TextDecoder
+from pdserve.router.request.types import ChunkEvent, TokenLogprob
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPT = (1, 104, 105)  # BOS, "h", "i"
@@ -220,7 +220,7 @@ def test_a_finish_without_a_token_flushes_what_was_held() -> None:
 def test_the_failover_modules_import_without_torch() -> None:
     probe = (
         "import sys; sys.modules['torch'] = None; sys.modules['grpc'] = None\n"
-        "import router.failover, router.failover_text\n"
+        "import pdserve.router.request.failover, pdserve.router.request.failover_text\n"
         "assert sys.modules.get('torch') is None and sys.modules.get('grpc') is None\n"
         "print('ok')"
     )

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine.sampling_params import SamplingParams
-from pdserve_proto import common_pb2
-from router.config import RouterConfig
-from router.convert import chunk_from_proto, chunk_to_proto, params_from_proto, params_to_proto
-from router.errors import InvalidRequestError
-from router.frontend import Frontend
-from router.request import ChunkEvent, TokenLogprob
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.proto import common_pb2
+from pdserve.proto.params import params_from_proto, params_to_proto
+from pdserve.router.config import RouterConfig
+from pdserve.router.edge.convert import chunk_from_proto, chunk_to_proto
+from pdserve.router.edge.errors import InvalidRequestError
+from pdserve.router.edge.frontend import Frontend
+from pdserve.router.request.types import ChunkEvent, TokenLogprob
 
 
 class FakeTokenizer:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.kv_cache.hashing import block_hashes, make_extra_keys
-from router.locality import InProcessLocalityIndex, engine_prompt_hasher
+from pdserve.engine.kv_cache.hashing import block_hashes, make_extra_keys
+from pdserve.router.state.locality import InProcessLocalityIndex, engine_prompt_hasher
 
 
 def test_longest_prefix_stops_at_the_first_missing_block() -> None:

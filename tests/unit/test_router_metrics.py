@@ -14,15 +14,25 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.worker_metrics import worker_families
-from pdserve_proto import worker_pb2
-from router.dashboard import static_file
-from router.goodput import GoodputFigures, RequestSample, SloConfig, goodput_figures
-from router.goodput_store import goodput_fields, goodput_key, parse_goodput, routers_key
-from router.latency_window import LatencyWindow, percentile
-from router.metrics import RouterMetrics
-from router.request import RequestTiming
-from router.worker_stats import WorkerCounters, WorkerSnapshot, WorkerTotals, counter_increase
+from pdserve.proto import worker_pb2
+from pdserve.router.observe.dashboard import static_file
+from pdserve.router.observe.goodput import GoodputFigures, RequestSample, SloConfig, goodput_figures
+from pdserve.router.observe.goodput_store import (
+    goodput_fields,
+    goodput_key,
+    parse_goodput,
+    routers_key,
+)
+from pdserve.router.observe.latency_window import LatencyWindow, percentile
+from pdserve.router.observe.metrics import RouterMetrics
+from pdserve.router.observe.worker_stats import (
+    WorkerCounters,
+    WorkerSnapshot,
+    WorkerTotals,
+    counter_increase,
+)
+from pdserve.router.request.types import RequestTiming
+from pdserve.worker.metrics import worker_families
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,13 +1,13 @@
-"""Sampling parameters converted once per distinct wire message (router/params_cache.py)."""
+"""Sampling parameters converted once per distinct wire message (router/edge/params_cache.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.sampling_params import SamplingParams
-from pdserve_proto import common_pb2
-from router.convert import params_message, params_to_proto
-from router.params_cache import ParamsCache
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.proto import common_pb2
+from pdserve.proto.params import params_message, params_to_proto
+from pdserve.router.edge.params_cache import ParamsCache
 
 
 def test_the_same_bytes_give_the_same_checked_object() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.placements import RecentPlacements
+from pdserve.router.state.placements import RecentPlacements
 
 PROMPT = [b"a", b"b", b"c", b"d"]  # chained block hashes of one prompt
 OTHER = [b"x", b"y"]

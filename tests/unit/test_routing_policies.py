@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from router.policies import (
+from pdserve.router.policies import (
     CostModel,
     JointTtftPolicy,
     LeastLoadedPolicy,
@@ -190,7 +190,7 @@ def test_policies_import_neither_torch_nor_grpc() -> None:
     code = (
         "import sys\n"
         "sys.modules['torch'] = None; sys.modules['grpc'] = None\n"  # blocked: import fails
-        "import router.policies\n"
+        "import pdserve.router.policies\n"
         "print('ok')\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

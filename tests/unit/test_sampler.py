@@ -18,8 +18,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from engine.sampler import Sampler, SampleRequest, derive_step_seed
-from engine.sampling_params import SamplingParams
+from pdserve.engine.sampler import Sampler, SampleRequest, derive_step_seed
+from pdserve.engine.sampling_params import SamplingParams
 
 VOCAB = 64
 

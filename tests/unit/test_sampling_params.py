@@ -1,8 +1,8 @@
 import pytest
 
-from engine.config import EngineConfig
-from engine.model.registry import resolve_model
-from engine.sampling_params import SamplingParams
+from pdserve.engine.config import EngineConfig
+from pdserve.engine.model.registry import resolve_model
+from pdserve.engine.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize(

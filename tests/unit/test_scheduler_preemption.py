@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from engine.kv_cache import KVCacheManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import BatchPlan, Scheduler, SchedulerConfig, Sequence, SequenceStatus
+from pdserve.engine.kv_cache import KVCacheManager
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler import BatchPlan, Scheduler, SchedulerConfig, Sequence, SequenceStatus
 
 
 def make(num_blocks: int, block_size: int, caching: bool = True) -> Scheduler:

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from engine.kv_cache import KVCacheManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import (
+from pdserve.engine.kv_cache import KVCacheManager
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler import (
     BatchPlan,
     Scheduler,
     SchedulerConfig,

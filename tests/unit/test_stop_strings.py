@@ -1,4 +1,4 @@
-from engine.stop_strings import StopStringMatcher
+from pdserve.engine.stop_strings import StopStringMatcher
 
 
 def stream(matcher: StopStringMatcher, pieces: list[str]) -> str:

@@ -1,1 +1,0 @@
-"""Generated protobuf/gRPC stubs (see proto/generate.py)."""

@@ -1,0 +1,1 @@
+"""What the router shows: Prometheus metrics, SLO goodput, the ops dashboard."""

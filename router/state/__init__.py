@@ -1,0 +1,1 @@
+"""What the router knows of the workers: directory, placements, admission, locality."""

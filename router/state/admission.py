@@ -1,0 +1,80 @@
+"""Admission control and the router's own view of the work it has sent to each worker."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pdserve.router.edge.errors import OverloadedError
+from pdserve.router.policies import WorkerLoad
+
+
+class ConcurrencyLimiter:
+    """At most ``limit`` requests in flight; over it, fail fast with a retry hint."""
+
+    def __init__(self, limit: int, retry_after_s: int) -> None:
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.active = 0
+
+    def acquire(self) -> None:
+        if self.active >= self.limit:
+            raise OverloadedError(
+                f"too many concurrent requests: {self.active} in flight, limit "
+                f"{self.limit}; retry after {self.retry_after_s}s",
+                self.retry_after_s,
+            )
+        self.active += 1
+
+    def release(self) -> None:
+        assert self.active > 0, "release() without a matching acquire()"
+        self.active -= 1
+
+
+@dataclass(slots=True)
+class _Counts:
+    prefilling: int = 0
+    prefill_tokens: int = 0
+    decoding: int = 0
+
+
+class LocalLoadTracker:
+    """Requests this router has in prefill / decode on each worker.
+
+    Worker stats reach the directory with a delay (or never, for a static directory); the
+    router's own counts fill the gap so that a burst does not all go to one worker.
+    """
+
+    def __init__(self) -> None:
+        self._counts: defaultdict[str, _Counts] = defaultdict(_Counts)
+
+    def start_prefill(self, worker_id: str, prompt_tokens: int) -> None:
+        counts = self._counts[worker_id]
+        counts.prefilling += 1
+        counts.prefill_tokens += prompt_tokens
+
+    def end_prefill(self, worker_id: str, prompt_tokens: int) -> None:
+        counts = self._counts[worker_id]
+        counts.prefilling -= 1
+        counts.prefill_tokens -= prompt_tokens
+        assert counts.prefilling >= 0, f"prefill count of {worker_id} went negative"
+
+    def start_decode(self, worker_id: str) -> None:
+        self._counts[worker_id].decoding += 1
+
+    def end_decode(self, worker_id: str) -> None:
+        counts = self._counts[worker_id]
+        counts.decoding -= 1
+        assert counts.decoding >= 0, f"decode count of {worker_id} went negative"
+
+    def effective_load(self, worker_id: str, reported: WorkerLoad) -> WorkerLoad:
+        """The larger of the reported and the locally known figures, field by field."""
+        counts = self._counts.get(worker_id)
+        if counts is None or not (counts.prefilling or counts.decoding or counts.prefill_tokens):
+            return reported  # nothing of ours in flight there (the max would change nothing)
+        return WorkerLoad(
+            waiting=max(reported.waiting, counts.prefilling),
+            running=max(reported.running, counts.decoding),
+            free_blocks=reported.free_blocks,
+            queued_prefill_tokens=max(reported.queued_prefill_tokens, counts.prefill_tokens),
+        )

@@ -1,0 +1,1 @@
+"""The worker process core both roles share: server, host, metrics, edge checks, errors."""

@@ -1,0 +1,247 @@
+"""Hosts one worker server in the current process (a Ray actor's), with its Redis agent.
+
+The server runs on a background thread with its own event loop, so the hosting process
+(a Ray actor: methods on other threads, Ray's own signal handling) stays in control::
+
+    WorkerHost.start() -> thread: gRPC server up (NOT_SERVING) -> load model -> warm up
+                       -> SERVING -> agent registers in Redis (router may route here now)
+    WorkerHost.drain() -> agent deregisters -> wait until no request is running
+    WorkerHost.stop()  -> NOT_SERVING -> in-flight calls get grace_s -> KV released
+
+It assembles worker/server.py's public pieces (argument parsing, ``build_roles``,
+``WorkerServicer``) the way its ``serve()`` does, adding the agent. Once ``serve()`` takes a
+stop event and an on-serving hook, this module shrinks to a call of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from pdserve.cluster.cpu_affinity import CpuAffinity, core_for_worker, pin_process
+from pdserve.cluster.registry import WorkerRole
+from pdserve.cluster.worker_agent import AgentConfig, WorkerAdvert, WorkerAgent, start_worker_agent
+from pdserve.engine.model.registry import resolve_model
+from pdserve.engine.sampling_params import SamplingParams
+from pdserve.proto import worker_pb2_grpc
+from pdserve.worker import server as ws
+from pdserve.worker.engine_callbacks import engine_callbacks, load_from_stats
+from pdserve.worker.metrics import MetricsServer
+
+log = logging.getLogger("pdserve.worker_host")
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerLaunch:
+    """Everything needed to run one worker (picklable: Ray ships it to the actor)."""
+
+    role: str
+    worker_id: str
+    redis_url: str
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    host: str = "127.0.0.1"
+    model: str = "smollm2-135m-instruct"
+    dtype: str = "float32"
+    kv_backend: str = "nixl"
+    extra_args: tuple[str, ...] = ()  # more `python -m pdserve.worker.server` flags
+    torch_threads: int = 1  # 0: torch's default
+    grace_s: float = 5.0
+    log_level: str = "INFO"
+    cpu_affinity: CpuAffinity = ()  # per pool (cluster/cpu_affinity.py); () = not pinned
+
+    def server_args(self, port: int = 0) -> list[str]:
+        return [
+            "--role", self.role, "--worker-id", self.worker_id, "--host", self.host,
+            "--port", str(port), "--model", self.model, "--dtype", self.dtype,
+            "--kv-backend", self.kv_backend, "--grace-s", str(self.grace_s),
+            *self.extra_args,
+        ]  # fmt: skip
+
+
+@dataclass(slots=True, frozen=True)
+class HostedWorker:
+    """A worker that is serving and registered."""
+
+    worker_id: str
+    role: str
+    address: str
+    epoch: int
+    pid: int
+    metrics_url: str = ""  # the worker's Prometheus /metrics ("" when disabled)
+
+
+class WorkerHost:
+    def __init__(self, launch: WorkerLaunch) -> None:
+        self.launch = launch
+        self._ready = threading.Event()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._hosted: HostedWorker | None = None
+        self._agent: WorkerAgent | None = None
+        self._roles: ws.WorkerRoles | None = None
+        self._metrics: MetricsServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="worker-host", daemon=True)
+
+    def start(self) -> WorkerHost:
+        core = core_for_worker(self.launch.cpu_affinity, self.launch.role, self.launch.worker_id)
+        if core is not None:  # before the server thread starts: it inherits the pinning
+            pin_process(core)
+        if self.launch.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.launch.torch_threads)
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout_s: float) -> HostedWorker:
+        """Block until serving and registered; raises what stopped it, or TimeoutError."""
+        deadline_s = time.monotonic() + timeout_s
+        while not self._ready.wait(0.1):
+            if self._done.is_set():
+                raise RuntimeError(
+                    f"worker {self.launch.worker_id} stopped before it was ready: {self._error!r}"
+                ) from self._error
+            if time.monotonic() > deadline_s:
+                raise TimeoutError(f"worker {self.launch.worker_id} not ready in {timeout_s} s")
+        assert self._hosted is not None, "ready without a hosted worker"
+        return self._hosted
+
+    def wait_stopped(self, timeout_s: float | None = None) -> bool:
+        return self._done.wait(timeout_s)
+
+    def drain(self, timeout_s: float) -> int:
+        """Deregister, then wait (up to ``timeout_s``) until no request runs here; returns
+        the number still running when it gave up (0 = drained)."""
+        if self._agent is not None:
+            self._agent.stop(deregister=True)
+        deadline_s = time.monotonic() + timeout_s
+        busy = self._busy()
+        while busy and time.monotonic() < deadline_s:
+            time.sleep(0.1)
+            busy = self._busy()
+        return busy
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Graceful stop (running calls get ``grace_s``); returns once the thread ended."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+        self._done.wait(timeout_s)
+
+    # -- the server thread ---------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as err:
+            self._error = err
+            log.exception("worker %s failed", self.launch.worker_id)
+        finally:
+            self._done.set()
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        args = ws.build_parser().parse_args(self.launch.server_args())
+        server_cfg, engine_cfg, transfer_cfg, decode_cfg = ws.configs_from_args(args)
+        servicer = ws.WorkerServicer(server_cfg)
+        health_servicer = health.aio.HealthServicer()
+        server = _grpc_server(servicer, health_servicer)
+        port = server.add_insecure_port(f"{server_cfg.host}:{server_cfg.port}")
+        await server.start()
+        await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
+        try:
+            self._roles = await asyncio.to_thread(
+                ws.build_roles, server_cfg, engine_cfg, transfer_cfg, decode_cfg
+            )
+            await _warm_up(self._roles)
+            servicer.roles = self._roles
+            self._metrics = ws.start_worker_metrics(server_cfg, self._roles)
+            await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
+            await self._register(f"{server_cfg.host}:{port}", engine_cfg.cache.block_size)
+            await self._stop.wait()
+        finally:
+            await self._shutdown(server, health_servicer)
+
+    async def _register(self, address: str, block_size: int) -> None:
+        roles = self._roles
+        assert roles is not None, "register before the roles were built"
+        stats = await roles.engine.stats()
+        advert = WorkerAdvert(
+            worker_id=self.launch.worker_id,
+            role=WorkerRole(self.launch.role),
+            address=address,
+            model=resolve_model(self.launch.model).model_id,
+            kv_capacity_blocks=stats.total_blocks,
+            block_size=block_size,
+        )
+        callbacks = engine_callbacks(roles.engine, asyncio.get_running_loop())
+        self._agent = await asyncio.to_thread(
+            start_worker_agent, self.launch.redis_url, advert, *callbacks, self.launch.agent
+        )
+        metrics_url = self._metrics.url if self._metrics is not None else ""
+        self._hosted = HostedWorker(
+            advert.worker_id,
+            advert.role.value,
+            address,
+            self._agent.epoch,
+            os.getpid(),
+            metrics_url,
+        )
+        self._ready.set()
+        log.info("worker %s serving at %s, epoch %d", advert.worker_id, address, self._agent.epoch)
+
+    async def _shutdown(self, server: grpc.aio.Server, health_servicer: Any) -> None:
+        if self._agent is not None:
+            await asyncio.to_thread(self._agent.stop, True)
+        if self._metrics is not None:
+            self._metrics.stop()
+        await health_servicer.enter_graceful_shutdown()
+        await server.stop(self.launch.grace_s)
+        if self._roles is not None:
+            await self._roles.close()
+
+    def _busy(self) -> int:
+        loop, roles = self._loop, self._roles
+        if loop is None or roles is None or loop.is_closed():
+            return 0
+        future = asyncio.run_coroutine_threadsafe(roles.engine.stats(), loop)
+        load = load_from_stats(future.result(10.0))
+        held = dict(load.extra).get("held", 0.0)
+        return load.running_requests + load.waiting_requests + int(held)
+
+
+def _grpc_server(servicer: ws.WorkerServicer, health_servicer: Any) -> grpc.aio.Server:
+    options = [
+        ("grpc.max_receive_message_length", ws.MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", ws.MAX_MESSAGE_BYTES),
+    ]
+    server = grpc.aio.server(options=options)
+    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    return server
+
+
+async def _set_health(servicer: Any, status: Any) -> None:
+    for service in ("", ws.SERVICE_NAME):
+        await servicer.set(service, status)
+
+
+async def _warm_up(roles: ws.WorkerRoles) -> None:
+    """Start the engine thread and the role's background work, then run one tiny request
+    through the whole step path (as worker_server does) before reporting SERVING."""
+    roles.engine.start()
+    if roles.decode is not None:
+        roles.decode.start()
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    async for _ in roles.engine.generate(f"warmup-{os.getpid()}", [1] * 8, params):
+        pass
