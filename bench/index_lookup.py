@@ -26,8 +26,9 @@ import redis
 from pdserve.cluster.kv_events import KvEventSequencer
 from pdserve.cluster.locality_index import LocalityIndex
 from pdserve.cluster.redis_server import embedded_or_external
-from pdserve.cluster.registry import WorkerInfo, WorkerRegistry, WorkerRole
+from pdserve.cluster.registry import WorkerRegistry
 from pdserve.proto.redis_keys import RedisKeys
+from pdserve.proto.workers import WorkerInfo, WorkerRole
 
 PROMPT_BLOCKS = 256
 SYSTEM_BLOCKS = 32

@@ -88,15 +88,15 @@ async def bench_router(
 ) -> RouterService:
     """The router with its default policy, in front of ``id=role@host:port`` workers; with
     ``redis_url``, also a Redis locality index and the engine's block hasher."""
-    from pdserve.router.policies import WorkerRole
+    from pdserve.proto.workers import WorkerInfo, WorkerRole
     from pdserve.router.service import start_router
-    from pdserve.router.state.directory import StaticWorkerDirectory, WorkerInfo
+    from pdserve.router.state.directory import StaticWorkerDirectory
 
     infos = []
     for spec in workers:
         worker_id, rest = spec.split("=", 1)
         role, address = rest.split("@", 1)
-        infos.append(WorkerInfo(worker_id, address, WorkerRole(role)))
+        infos.append(WorkerInfo(worker_id, WorkerRole(role), address))
     directory = StaticWorkerDirectory(infos)
     if redis_url is None:
         return await start_router(config, BenchTokenizer(), directory)

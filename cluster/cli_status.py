@@ -12,9 +12,10 @@ from typing import Any
 import redis
 
 from pdserve.cluster.redis_server import connect, redacted_url
-from pdserve.cluster.registry import WorkerInfo, WorkerRegistry
+from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.settings import Settings
 from pdserve.proto.redis_keys import BLOCK_BITS_NS, RedisKeys
+from pdserve.proto.workers import WorkerInfo
 
 ROLES = ("prefill", "decode", "colocated")
 
@@ -27,7 +28,7 @@ class WorkerRow:
     epoch: int
     waiting: int
     running: int
-    free_blocks: int
+    free_blocks: int | None  # None: not reported
     total_blocks: int
     kv_usage: float
     indexed_blocks: int
@@ -105,9 +106,10 @@ def format_status(status: ClusterStatus) -> str:
     header = ("WORKER", "ROLE", "ADDRESS", "EPOCH", "WAIT", "RUN", "FREE", "KV USED", "INDEXED")
     table = [header]
     for w in status.workers:
+        free = "?" if w.free_blocks is None else str(w.free_blocks)
         table.append((
             w.worker_id, w.role, w.address, str(w.epoch), str(w.waiting), str(w.running),
-            f"{w.free_blocks}/{w.total_blocks}", f"{100 * w.kv_usage:.1f}%",
+            f"{free}/{w.total_blocks}", f"{100 * w.kv_usage:.1f}%",
             str(w.indexed_blocks),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
@@ -138,8 +140,8 @@ def _row(client: redis.Redis, keys: RedisKeys, w: WorkerInfo) -> WorkerRow:
         role=w.role.value,
         address=w.address,
         epoch=w.epoch,
-        waiting=w.load.waiting_requests,
-        running=w.load.running_requests,
+        waiting=w.load.waiting,
+        running=w.load.running,
         free_blocks=w.load.free_blocks,
         total_blocks=int(extra.get("total_blocks", w.kv_capacity_blocks)),
         kv_usage=float(extra.get("kv_usage", 0.0)),

@@ -76,8 +76,9 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
     from pdserve.cluster.ray_pools import ActorResources
     from pdserve.cluster.up import UpConfig
     from pdserve.cluster.worker_agent import AgentConfig
+    from pdserve.cluster.worker_launch import WorkerLaunch
     from pdserve.router.config import RouterConfig
-    from pdserve.worker.host import WorkerLaunch
+    from pdserve.worker.host import WorkerSpec
 
     colocated_only = args.colocated > 0 and args.prefill is None and args.decode is None
     default_pool = 0 if colocated_only else 1
@@ -96,17 +97,20 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
     if args.num_blocks is not None:
         worker_args += ["--num-blocks", str(args.num_blocks)]
     worker_host = args.worker_host or ("auto" if args.ray_address else "127.0.0.1")
-    worker = WorkerLaunch(
+    spec = WorkerSpec(
         role="prefill",
         worker_id="template-0",
-        redis_url="",
-        agent=agent,
         host=worker_host,
         model=args.model,
         dtype=args.dtype,
         kv_backend=args.kv_backend,
         extra_args=tuple(worker_args),
         torch_threads=settings.torch_threads,
+    )
+    worker = WorkerLaunch(
+        spec,
+        redis_url="",
+        agent=agent,
         log_level=args.worker_log_level.upper(),
         cpu_affinity=(
             settings.cpu_affinity

@@ -26,8 +26,10 @@ from ray.exceptions import (
     RayTaskError,
 )
 
+from pdserve.cluster.cpu_affinity import core_for_worker, pin_process
 from pdserve.cluster.pool_manager import MemberState, PoolMember, ScaleDecision, plan_scale
-from pdserve.worker.host import HostedWorker, WorkerHost, WorkerLaunch
+from pdserve.cluster.worker_launch import WorkerLaunch
+from pdserve.worker.host import HostedWorker, WorkerHost
 
 log = logging.getLogger("pdserve.pools")
 
@@ -39,9 +41,13 @@ class WorkerActor:
 
     def __init__(self, launch: WorkerLaunch) -> None:
         logging.basicConfig(level=launch.log_level, format="%(levelname)s %(name)s: %(message)s")
-        if launch.host == "auto":
-            launch = replace(launch, host=ray.util.get_node_ip_address())
-        self._host = WorkerHost(launch).start()
+        spec = launch.worker
+        if spec.host == "auto":
+            spec = replace(spec, host=ray.util.get_node_ip_address())
+        core = core_for_worker(launch.cpu_affinity, spec.role, spec.worker_id)
+        if core is not None:  # before the server thread starts: it inherits the pinning
+            pin_process(core)
+        self._host = WorkerHost(spec, launch.register()).start()
 
     def wait_ready(self, timeout_s: float) -> HostedWorker:
         return self._host.wait_ready(timeout_s)
@@ -169,7 +175,8 @@ class RayWorkerPool:
     # -- internals ---------------------------------------------------------------------
     def _start(self, worker_id: str) -> None:
         slot = int(worker_id.rsplit("-", 1)[1])
-        launch = replace(self.template, role=self.role, worker_id=worker_id)
+        worker = replace(self.template.worker, role=self.role, worker_id=worker_id)
+        launch = replace(self.template, worker=worker)
         r = self.resources
         actor = (
             _actor_class()
@@ -214,7 +221,7 @@ class RayWorkerPool:
     def _server_failed(self, member: _Member, error: str) -> None:
         """Restart the actor through Ray (it counts as one of its restarts)."""
         member.last_error = error[-2000:]
-        log.error("%s worker %s failed: %s", self.role, member.launch.worker_id, error)
+        log.error("%s worker %s failed: %s", self.role, member.launch.worker.worker_id, error)
         if self._out_of_restarts(member):
             ray.kill(member.actor, no_restart=True)
             return
@@ -235,7 +242,7 @@ class RayWorkerPool:
         log.warning(
             "%s worker %s died (%s); Ray restarts it",
             self.role,
-            member.launch.worker_id,
+            member.launch.worker.worker_id,
             type(err).__name__,
         )
         self._arm(member)  # queued until the restarted incarnation is up
@@ -245,7 +252,7 @@ class RayWorkerPool:
         limit = self.resources.max_restarts
         if 0 <= limit < member.deaths:
             log.error("%s worker %s is lost for good after %d failures; last: %s", self.role,
-                      member.launch.worker_id, member.deaths, member.last_error)  # fmt: skip
+                      member.launch.worker.worker_id, member.deaths, member.last_error)  # fmt: skip
             member.state, member.ready_ref, member.watch_ref = MemberState.FAILED, None, None
             return True
         return False

@@ -11,63 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 
 import redis
 
 from pdserve.proto.redis_keys import RedisKeys, check_worker_id
-
-
-class WorkerRole(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    COLOCATED = "colocated"
-
-
-@dataclass(slots=True, frozen=True)
-class WorkerLoad:
-    """What a heartbeat carries. ``extra`` holds free-form gauges (name, value)."""
-
-    waiting_requests: int = 0
-    running_requests: int = 0
-    free_blocks: int = 0
-    extra: tuple[tuple[str, float], ...] = ()
-
-    def __post_init__(self) -> None:
-        counts = (self.waiting_requests, self.running_requests, self.free_blocks)
-        if min(counts) < 0:
-            raise ValueError(f"load counts must be >= 0, got (waiting, running, free)={counts}")
-
-
-@dataclass(slots=True, frozen=True)
-class WorkerInfo:
-    """One worker's registration. ``epoch`` comes from :meth:`WorkerRegistry.allocate_epoch`."""
-
-    worker_id: str
-    role: WorkerRole
-    address: str
-    model: str
-    kv_capacity_blocks: int
-    block_size: int
-    epoch: int
-    load: WorkerLoad = WorkerLoad()
-
-    def __post_init__(self) -> None:
-        check_worker_id(self.worker_id)
-        if self.role not in {r.value for r in WorkerRole}:
-            roles = [r.value for r in WorkerRole]
-            raise ValueError(f"role must be one of {roles}, got {self.role!r}")
-        # Accept the plain string too ("prefill"), stored as the enum.
-        object.__setattr__(self, "role", WorkerRole(self.role))
-        if not self.address or not self.model:
-            raise ValueError(
-                f"address and model must be non-empty, got {self.address!r}, {self.model!r}"
-            )
-        if self.kv_capacity_blocks <= 0 or self.block_size <= 0 or self.epoch <= 0:
-            raise ValueError(
-                "kv_capacity_blocks, block_size and epoch must be > 0, got "
-                f"{self.kv_capacity_blocks}, {self.block_size}, {self.epoch}"
-            )
+from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
 
 
 class HeartbeatStatus(IntEnum):
@@ -143,11 +92,22 @@ return out
 """
 
 
+def check_registration(info: WorkerInfo) -> None:
+    """ValueError unless ``info`` can be registered: a Redis-safe id, a model, a known KV
+    capacity and an epoch from :meth:`WorkerRegistry.allocate_epoch`."""
+    check_worker_id(info.worker_id)
+    if not info.model or info.kv_capacity_blocks <= 0 or info.epoch <= 0:
+        raise ValueError(
+            "a registration needs a model, kv_capacity_blocks > 0 and epoch > 0, got "
+            f"{info.model!r}, {info.kv_capacity_blocks}, {info.epoch}"
+        )
+
+
 def _load_fields(load: WorkerLoad) -> list[str | int]:
     return [
-        "waiting", load.waiting_requests,
-        "running", load.running_requests,
-        "free_blocks", load.free_blocks,
+        "waiting", load.waiting,
+        "running", load.running,
+        "free_blocks", "" if load.free_blocks is None else load.free_blocks,
         "extra", json.dumps(dict(load.extra)),
     ]  # fmt: skip
 
@@ -174,9 +134,11 @@ def _parse_info(flat: list[bytes | str]) -> WorkerInfo:
     f = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
     extra = json.loads(f["extra"])
     load = WorkerLoad(
-        int(f["waiting"]), int(f["running"]), int(f["free_blocks"]),
-        tuple(sorted((str(k), float(v)) for k, v in extra.items())),
-    )  # fmt: skip
+        waiting=int(f["waiting"]),
+        running=int(f["running"]),
+        free_blocks=int(f["free_blocks"]) if f["free_blocks"] else None,
+        extra=tuple(sorted((str(k), float(v)) for k, v in extra.items())),
+    )
     return WorkerInfo(
         worker_id=f["worker_id"],
         role=WorkerRole(f["role"]),
@@ -214,6 +176,7 @@ class WorkerRegistry:
         Returns False, changing nothing, when a newer epoch of the same worker_id is registered
         (this process is a stale incarnation).
         """
+        check_registration(info)
         keys = [self._keys.worker(info.worker_id), self._keys.workers]
         args = [info.worker_id, info.epoch, self.lease_ms, *_info_fields(info)]
         return bool(self._register(keys=keys, args=args))

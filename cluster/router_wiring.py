@@ -24,22 +24,11 @@ import redis
 
 from pdserve.cluster import registry as reg
 from pdserve.cluster.locality_index import LocalityIndex
-from pdserve.router.policies import WorkerLoad, WorkerRole
-from pdserve.router.state.directory import WorkerInfo
+from pdserve.proto.workers import WorkerInfo
 
 log = logging.getLogger("pdserve.router_wiring")
 
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
-
-
-def to_router_info(info: reg.WorkerInfo) -> WorkerInfo:
-    """The router's view of one registration (pure)."""
-    load = WorkerLoad(
-        waiting=info.load.waiting_requests,
-        running=info.load.running_requests,
-        free_blocks=info.load.free_blocks,
-    )
-    return WorkerInfo(info.worker_id, info.address, WorkerRole(info.role.value), info.model, load)
 
 
 def merge_after_restart(
@@ -111,7 +100,7 @@ class RedisWorkerDirectory:
         if self._index.check_restart():
             log.warning("Redis lost its data (restart?); workers re-register on heartbeat")
             self._keep_until_s = now + self._registry.lease_ms / 1000
-        current = tuple(to_router_info(i) for i in self._registry.list_workers())
+        current = tuple(self._registry.list_workers())
         if now < self._keep_until_s:
             current = merge_after_restart(current, self._live)
         self._live = current

@@ -45,12 +45,12 @@ from pdserve.cluster.router_wiring import (
     load_router_tokenizer,
 )
 from pdserve.cluster.supervise import SupervisedRedis, embedded_redis, supervise
+from pdserve.cluster.worker_launch import WorkerLaunch
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.router.config import RouterConfig
 from pdserve.router.event_loop import run as run_loop
 from pdserve.router.processes import RouterProcesses, spawn_routers
 from pdserve.router.service import RouterService
-from pdserve.worker.host import WorkerLaunch
 
 log = logging.getLogger("pdserve.up")
 ROLES = ("prefill", "decode", "colocated")
@@ -119,7 +119,7 @@ def run_up(config: UpConfig) -> int:
             stack.callback(_stop_pools, pools)
             # The router's tokenizer loads while the workers load their models.
             loader = stack.enter_context(ThreadPoolExecutor(1, "tokenizer"))
-            tokenizer = loader.submit(load_router_tokenizer, config.worker.model)
+            tokenizer = loader.submit(load_router_tokenizer, config.worker.worker.model)
             for pool in pools.values():
                 pool.wait_ready(config.ready_timeout_s)
             served = _serve(config, pools, redis_url, embedded, ray_endpoints, tokenizer)
@@ -176,7 +176,7 @@ async def _serve(
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     agent = config.worker.agent
-    spec = RedisRouterSpec(redis_url, agent.key_prefix, agent.lease_s, config.worker.model)
+    spec = RedisRouterSpec(redis_url, agent.key_prefix, agent.lease_s, config.worker.worker.model)
     client = spec.client()
     store = PoolTargetStore(client, RedisKeys(agent.key_prefix))
     store.write(config.targets)

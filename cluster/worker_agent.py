@@ -15,7 +15,7 @@ brings the index back in line either way.
 Usage from a worker process (after the model is loaded and warm, so the registry only lists
 workers that can serve)::
 
-    agent = start_worker_agent(redis_url, advert, *engine_callbacks(async_engine, loop))
+    agent = start_worker_agent(redis_url, info, *engine_callbacks(async_engine, loop))
     ...
     agent.stop()  # deregister: the router stops routing here within its refresh period
 """
@@ -25,30 +25,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import redis
 
-from pdserve.cluster.kv_events import BlockHash, KvEvent, KvEventSequencer
+from pdserve.cluster.kv_events import KvEvent, KvEventSequencer
 from pdserve.cluster.locality_index import ApplyStatus, LocalityIndex
-from pdserve.cluster.registry import (
-    HeartbeatStatus,
-    WorkerInfo,
-    WorkerLoad,
-    WorkerRegistry,
-    WorkerRole,
-)
+from pdserve.cluster.registry import HeartbeatStatus, WorkerRegistry
 from pdserve.engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
 from pdserve.proto.redis_keys import RedisKeys
+from pdserve.proto.workers import WorkerInfo, WorkerLoad
+from pdserve.worker.engine_callbacks import DrainFn, SnapshotFn, StatsFn
 
 log = logging.getLogger("pdserve.agent")
-
-StatsFn = Callable[[], WorkerLoad]
-DrainFn = Callable[[], Sequence[KVCacheEvent]]
-# Must drop the events not drained yet, atomically with reading the cache (the snapshot
-# already contains their effect).
-SnapshotFn = Callable[[], Sequence[BlockHash]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,30 +59,6 @@ class AgentConfig:
                 f"publish_interval_s and redis_timeout_s must be > 0, got "
                 f"{self.publish_interval_s} and {self.redis_timeout_s}"
             )
-
-
-@dataclass(slots=True, frozen=True)
-class WorkerAdvert:
-    """What a worker registers, except the epoch (the agent allocates it) and the load."""
-
-    worker_id: str
-    role: WorkerRole
-    address: str
-    model: str
-    kv_capacity_blocks: int
-    block_size: int
-
-    def info(self, epoch: int, load: WorkerLoad) -> WorkerInfo:
-        return WorkerInfo(
-            self.worker_id,
-            self.role,
-            self.address,
-            self.model,
-            self.kv_capacity_blocks,
-            self.block_size,
-            epoch,
-            load,
-        )
 
 
 def to_index_events(sequencer: KvEventSequencer, events: Sequence[KVCacheEvent]) -> list[KvEvent]:
@@ -116,7 +82,7 @@ class WorkerAgent:
     def __init__(
         self,
         client: redis.Redis,
-        advert: WorkerAdvert,
+        info: WorkerInfo,
         stats_fn: StatsFn,
         drain_fn: DrainFn,
         snapshot_fn: SnapshotFn,
@@ -125,13 +91,13 @@ class WorkerAgent:
     ) -> None:
         self.config = config or AgentConfig()
         keys = RedisKeys(self.config.key_prefix)
-        self.advert = advert
+        self.info = info  # epoch and load are filled in at each registration
         self._client = client
         self._registry = WorkerRegistry(client, keys, self.config.lease_s)
         self._index = LocalityIndex(client, keys)
         self._stats_fn, self._drain_fn, self._snapshot_fn = stats_fn, drain_fn, snapshot_fn
         self.epoch = epoch if epoch is not None else self._registry.allocate_epoch()
-        self._sequencer = KvEventSequencer(advert.worker_id, self.epoch)
+        self._sequencer = KvEventSequencer(info.worker_id, self.epoch)
         self._load = WorkerLoad()
         self._snapshot_owed = True
         self._next_heartbeat_s = 0.0
@@ -139,12 +105,12 @@ class WorkerAgent:
         self._stop = threading.Event()
         self.superseded = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, name=f"agent-{advert.worker_id}", daemon=True
+            target=self._run, name=f"agent-{info.worker_id}", daemon=True
         )
 
     @property
     def worker_id(self) -> str:
-        return self.advert.worker_id
+        return self.info.worker_id
 
     @property
     def connected(self) -> bool:
@@ -220,7 +186,7 @@ class WorkerAgent:
             self._snapshot_owed = True
 
     def _register(self) -> None:
-        if not self._registry.register(self.advert.info(self.epoch, self._load)):
+        if not self._registry.register(replace(self.info, epoch=self.epoch, load=self._load)):
             self._superseded()
         self._snapshot_owed = True
 
@@ -277,7 +243,7 @@ class WorkerAgent:
 
 def start_worker_agent(
     redis_url: str,
-    advert: WorkerAdvert,
+    info: WorkerInfo,
     stats_fn: StatsFn,
     drain_fn: DrainFn,
     snapshot_fn: SnapshotFn,
@@ -292,5 +258,5 @@ def start_worker_agent(
         socket_timeout=config.redis_timeout_s,
         socket_connect_timeout=config.redis_timeout_s,
     )
-    agent = WorkerAgent(client, advert, stats_fn, drain_fn, snapshot_fn, config, epoch)
+    agent = WorkerAgent(client, info, stats_fn, drain_fn, snapshot_fn, config, epoch)
     return agent.start()

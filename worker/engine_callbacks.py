@@ -1,4 +1,5 @@
-"""The worker agent's three callbacks for an ``AsyncEngine`` (engine calls hop to its thread).
+"""A worker's three callbacks for its registration agent (load, KV events drained, KV
+snapshot), over an ``AsyncEngine``: engine calls hop to its thread.
 
 The agent runs on its own thread; the engine is confined to the engine thread, so every
 callback submits a function through ``AsyncEngine.run`` on the worker's event loop and waits
@@ -12,13 +13,20 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pdserve.cluster.kv_events import BlockHash
-from pdserve.cluster.registry import WorkerLoad
-from pdserve.cluster.worker_agent import DrainFn, SnapshotFn, StatsFn
 from pdserve.engine.kv_cache.events import KVCacheEvent
+from pdserve.engine.kv_cache.hashing import BlockHash
+from pdserve.proto.workers import WorkerLoad
 
 if TYPE_CHECKING:
     from pdserve.engine.async_engine import EngineStats
+
+# What a worker offers whoever registers it (cluster/worker_agent.py), called from that
+# party's thread.
+StatsFn = Callable[[], WorkerLoad]
+DrainFn = Callable[[], Sequence[KVCacheEvent]]
+# Must drop the events not drained yet, atomically with reading the cache (the snapshot
+# already contains their effect).
+SnapshotFn = Callable[[], Sequence[BlockHash]]
 
 T = TypeVar("T")
 
@@ -44,8 +52,8 @@ def load_from_stats(stats: EngineStats, pid: int | None = None) -> WorkerLoad:
         "pid": float(os.getpid() if pid is None else pid),
     }
     return WorkerLoad(
-        waiting_requests=stats.waiting + stats.pending_admissions,
-        running_requests=stats.running,
+        waiting=stats.waiting + stats.pending_admissions,
+        running=stats.running,
         free_blocks=stats.free_blocks,
         extra=tuple(sorted(extra.items())),
     )

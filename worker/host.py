@@ -1,16 +1,18 @@
-"""Hosts one worker server in the current process (a Ray actor's), with its Redis agent.
+"""Hosts one worker server in the current process (a Ray actor's), and registers it once it serves.
 
 The server runs on a background thread with its own event loop, so the hosting process
 (a Ray actor: methods on other threads, Ray's own signal handling) stays in control::
 
     WorkerHost.start() -> thread: gRPC server up (NOT_SERVING) -> load model -> warm up
-                       -> SERVING -> agent registers in Redis (router may route here now)
-    WorkerHost.drain() -> agent deregisters -> wait until no request is running
+                       -> SERVING -> register(info, callbacks) (router may route here now)
+    WorkerHost.drain() -> registration stopped -> wait until no request is running
     WorkerHost.stop()  -> NOT_SERVING -> in-flight calls get grace_s -> KV released
 
+``register`` is whoever lists the worker for the router: the cluster passes its Redis agent
+(cluster/worker_agent.py), so the worker layer imports no registry.
+
 It assembles worker/server.py's public pieces (argument parsing, ``build_roles``,
-``WorkerServicer``) the way its ``serve()`` does, adding the agent. Once ``serve()`` takes a
-stop event and an on-serving hook, this module shrinks to a call of it.
+``WorkerServicer``) the way its ``serve()`` does, adding the registration.
 """
 
 from __future__ import annotations
@@ -20,33 +22,36 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from pdserve.cluster.cpu_affinity import CpuAffinity, core_for_worker, pin_process
-from pdserve.cluster.registry import WorkerRole
-from pdserve.cluster.worker_agent import AgentConfig, WorkerAdvert, WorkerAgent, start_worker_agent
 from pdserve.engine.model.registry import resolve_model
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.proto import worker_pb2_grpc
+from pdserve.proto.workers import WorkerInfo, WorkerRole
 from pdserve.worker import server as ws
-from pdserve.worker.engine_callbacks import engine_callbacks, load_from_stats
+from pdserve.worker.engine_callbacks import (
+    DrainFn,
+    SnapshotFn,
+    StatsFn,
+    engine_callbacks,
+    load_from_stats,
+)
 from pdserve.worker.metrics import MetricsServer
 
 log = logging.getLogger("pdserve.worker_host")
 
 
 @dataclass(slots=True, frozen=True)
-class WorkerLaunch:
-    """Everything needed to run one worker (picklable: Ray ships it to the actor)."""
+class WorkerSpec:
+    """What to run: one worker's role, identity, model and server flags (picklable)."""
 
     role: str
     worker_id: str
-    redis_url: str
-    agent: AgentConfig = field(default_factory=AgentConfig)
     host: str = "127.0.0.1"
     model: str = "smollm2-135m-instruct"
     dtype: str = "float32"
@@ -54,8 +59,6 @@ class WorkerLaunch:
     extra_args: tuple[str, ...] = ()  # more `python -m pdserve.worker.server` flags
     torch_threads: int = 1  # 0: torch's default
     grace_s: float = 5.0
-    log_level: str = "INFO"
-    cpu_affinity: CpuAffinity = ()  # per pool (cluster/cpu_affinity.py); () = not pinned
 
     def server_args(self, port: int = 0) -> list[str]:
         return [
@@ -64,6 +67,20 @@ class WorkerLaunch:
             "--kv-backend", self.kv_backend, "--grace-s", str(self.grace_s),
             *self.extra_args,
         ]  # fmt: skip
+
+
+class Registration(Protocol):
+    """A worker's listing for the router, kept current until stopped."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def stop(self, deregister: bool = True) -> None: ...
+
+
+# Lists a serving worker (``info`` without epoch and load) and keeps it listed, reading the
+# callbacks from its own thread; called on a worker thread, may block.
+Register = Callable[[WorkerInfo, StatsFn, DrainFn, SnapshotFn], Registration]
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,13 +96,14 @@ class HostedWorker:
 
 
 class WorkerHost:
-    def __init__(self, launch: WorkerLaunch) -> None:
-        self.launch = launch
+    def __init__(self, spec: WorkerSpec, register: Register) -> None:
+        self.spec = spec
+        self._register_fn = register
         self._ready = threading.Event()
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._hosted: HostedWorker | None = None
-        self._agent: WorkerAgent | None = None
+        self._registration: Registration | None = None
         self._roles: ws.WorkerRoles | None = None
         self._metrics: MetricsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,13 +111,10 @@ class WorkerHost:
         self._thread = threading.Thread(target=self._main, name="worker-host", daemon=True)
 
     def start(self) -> WorkerHost:
-        core = core_for_worker(self.launch.cpu_affinity, self.launch.role, self.launch.worker_id)
-        if core is not None:  # before the server thread starts: it inherits the pinning
-            pin_process(core)
-        if self.launch.torch_threads:
+        if self.spec.torch_threads:
             import torch
 
-            torch.set_num_threads(self.launch.torch_threads)
+            torch.set_num_threads(self.spec.torch_threads)
         self._thread.start()
         return self
 
@@ -109,10 +124,10 @@ class WorkerHost:
         while not self._ready.wait(0.1):
             if self._done.is_set():
                 raise RuntimeError(
-                    f"worker {self.launch.worker_id} stopped before it was ready: {self._error!r}"
+                    f"worker {self.spec.worker_id} stopped before it was ready: {self._error!r}"
                 ) from self._error
             if time.monotonic() > deadline_s:
-                raise TimeoutError(f"worker {self.launch.worker_id} not ready in {timeout_s} s")
+                raise TimeoutError(f"worker {self.spec.worker_id} not ready in {timeout_s} s")
         assert self._hosted is not None, "ready without a hosted worker"
         return self._hosted
 
@@ -122,8 +137,8 @@ class WorkerHost:
     def drain(self, timeout_s: float) -> int:
         """Deregister, then wait (up to ``timeout_s``) until no request runs here; returns
         the number still running when it gave up (0 = drained)."""
-        if self._agent is not None:
-            self._agent.stop(deregister=True)
+        if self._registration is not None:
+            self._registration.stop(deregister=True)
         deadline_s = time.monotonic() + timeout_s
         busy = self._busy()
         while busy and time.monotonic() < deadline_s:
@@ -144,14 +159,14 @@ class WorkerHost:
             asyncio.run(self._serve())
         except BaseException as err:
             self._error = err
-            log.exception("worker %s failed", self.launch.worker_id)
+            log.exception("worker %s failed", self.spec.worker_id)
         finally:
             self._done.set()
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        args = ws.build_parser().parse_args(self.launch.server_args())
+        args = ws.build_parser().parse_args(self.spec.server_args())
         server_cfg, engine_cfg, transfer_cfg, decode_cfg = ws.configs_from_args(args)
         servicer = ws.WorkerServicer(server_cfg)
         health_servicer = health.aio.HealthServicer()
@@ -176,37 +191,32 @@ class WorkerHost:
         roles = self._roles
         assert roles is not None, "register before the roles were built"
         stats = await roles.engine.stats()
-        advert = WorkerAdvert(
-            worker_id=self.launch.worker_id,
-            role=WorkerRole(self.launch.role),
+        info = WorkerInfo(
+            worker_id=self.spec.worker_id,
+            role=WorkerRole(self.spec.role),
             address=address,
-            model=resolve_model(self.launch.model).model_id,
+            model=resolve_model(self.spec.model).model_id,
             kv_capacity_blocks=stats.total_blocks,
             block_size=block_size,
         )
         callbacks = engine_callbacks(roles.engine, asyncio.get_running_loop())
-        self._agent = await asyncio.to_thread(
-            start_worker_agent, self.launch.redis_url, advert, *callbacks, self.launch.agent
+        self._registration = registration = await asyncio.to_thread(
+            self._register_fn, info, *callbacks
         )
         metrics_url = self._metrics.url if self._metrics is not None else ""
         self._hosted = HostedWorker(
-            advert.worker_id,
-            advert.role.value,
-            address,
-            self._agent.epoch,
-            os.getpid(),
-            metrics_url,
+            info.worker_id, info.role.value, address, registration.epoch, os.getpid(), metrics_url
         )
         self._ready.set()
-        log.info("worker %s serving at %s, epoch %d", advert.worker_id, address, self._agent.epoch)
+        log.info("worker %s serving at %s, epoch %d", info.worker_id, address, registration.epoch)
 
     async def _shutdown(self, server: grpc.aio.Server, health_servicer: Any) -> None:
-        if self._agent is not None:
-            await asyncio.to_thread(self._agent.stop, True)
+        if self._registration is not None:
+            await asyncio.to_thread(self._registration.stop, True)
         if self._metrics is not None:
             self._metrics.stop()
         await health_servicer.enter_graceful_shutdown()
-        await server.stop(self.launch.grace_s)
+        await server.stop(self.spec.grace_s)
         if self._roles is not None:
             await self._roles.close()
 
@@ -217,7 +227,7 @@ class WorkerHost:
         future = asyncio.run_coroutine_threadsafe(roles.engine.stats(), loop)
         load = load_from_stats(future.result(10.0))
         held = dict(load.extra).get("held", 0.0)
-        return load.running_requests + load.waiting_requests + int(held)
+        return load.running + load.waiting + int(held)
 
 
 def _grpc_server(servicer: ws.WorkerServicer, health_servicer: Any) -> grpc.aio.Server:

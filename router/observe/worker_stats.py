@@ -18,7 +18,8 @@ from dataclasses import dataclass, fields
 import grpc
 
 from pdserve.proto import worker_pb2
-from pdserve.router.state.directory import ChannelPool, WorkerDirectory, WorkerInfo
+from pdserve.proto.workers import WorkerInfo
+from pdserve.router.state.directory import ChannelPool, WorkerDirectory
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,6 @@ from pdserve.router.policies.types import (
     RouteRequest,
     RoutingPolicy,
     WorkerCandidate,
-    WorkerLoad,
-    WorkerRole,
 )
 
 DEFAULT_POLICY = JointTtftPolicy.name
@@ -61,8 +59,6 @@ __all__ = [
     "RouteRequest",
     "RoutingPolicy",
     "WorkerCandidate",
-    "WorkerLoad",
-    "WorkerRole",
     "make_policy",
     "normalize_policy_name",
     "predict_ttft",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdserve.router.policies.types import CostModel, RouteRequest, WorkerCandidate, WorkerRole
+from pdserve.proto.workers import WorkerRole
+from pdserve.router.policies.types import CostModel, RouteRequest, WorkerCandidate
 
 
 @dataclass(slots=True, frozen=True)

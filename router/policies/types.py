@@ -10,35 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
-
-class WorkerRole(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-    COLOCATED = "colocated"  # runs both phases: the baseline and the one-worker deployment
-
-
-@dataclass(slots=True, frozen=True)
-class WorkerLoad:
-    """What a worker is busy with. ``free_blocks`` is None when the worker did not report it."""
-
-    waiting: int = 0
-    running: int = 0
-    free_blocks: int | None = None
-    queued_prefill_tokens: int = 0
-
-    @property
-    def requests(self) -> int:
-        return self.waiting + self.running
+from pdserve.proto.workers import WorkerLoad, WorkerRole
 
 
 @dataclass(slots=True, frozen=True)
 class WorkerCandidate:
     worker_id: str
     role: WorkerRole
-    load: WorkerLoad = WorkerLoad()
+    load: WorkerLoad = field(default_factory=WorkerLoad)
 
 
 @dataclass(slots=True, frozen=True)

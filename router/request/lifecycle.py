@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from dataclasses import replace
 
+from pdserve.proto.workers import WorkerInfo
 from pdserve.router.config import RouterConfig
 from pdserve.router.edge.errors import NoWorkersError, OverloadedError, WorkerFailedError
 from pdserve.router.policies import (
@@ -43,7 +44,7 @@ from pdserve.router.request.types import (
 )
 from pdserve.router.request.worker_calls import WorkerCalls
 from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker
-from pdserve.router.state.directory import ChannelPool, WorkerDirectory, WorkerInfo
+from pdserve.router.state.directory import ChannelPool, WorkerDirectory
 from pdserve.router.state.locality import BlockHash, LocalityIndex, PromptBlockHasher
 from pdserve.router.state.placements import RecentPlacements
 from pdserve.router.state.prefix_lookup import cached_blocks

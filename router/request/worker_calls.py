@@ -11,9 +11,10 @@ import grpc
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.proto import common_pb2, worker_pb2, worker_pb2_grpc
 from pdserve.proto.params import params_message
+from pdserve.proto.workers import WorkerInfo
 from pdserve.router.config import RouterConfig
 from pdserve.router.state.admission import LocalLoadTracker
-from pdserve.router.state.directory import ChannelPool, WorkerInfo
+from pdserve.router.state.directory import ChannelPool
 
 log = logging.getLogger(__name__)
 

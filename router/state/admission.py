@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from pdserve.proto.workers import WorkerLoad
 from pdserve.router.edge.errors import OverloadedError
-from pdserve.router.policies import WorkerLoad
 
 
 class ConcurrencyLimiter:

@@ -9,24 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Protocol
 
 import grpc
 
 from pdserve.proto import worker_pb2, worker_pb2_grpc
-from pdserve.router.policies import WorkerLoad, WorkerRole
+from pdserve.proto.workers import WorkerInfo, WorkerLoad
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True, frozen=True)
-class WorkerInfo:
-    worker_id: str
-    address: str  # host:port of its Worker gRPC service
-    role: WorkerRole
-    model: str = ""  # empty: serves any model name
-    load: WorkerLoad = field(default_factory=WorkerLoad)
 
 
 class WorkerDirectory(Protocol):

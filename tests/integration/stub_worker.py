@@ -26,13 +26,13 @@ import grpc
 
 from pdserve.engine.stop_strings import StopStringMatcher
 from pdserve.proto import common_pb2, worker_pb2, worker_pb2_grpc
+from pdserve.proto.workers import WorkerInfo, WorkerRole
 from pdserve.router.config import RouterConfig
 from pdserve.router.event_loop import LOOP_KINDS
 from pdserve.router.event_loop import run as run_loop
-from pdserve.router.policies import WorkerRole
 from pdserve.router.request.lifecycle import RequestLifecycle
 from pdserve.router.service import RouterService, start_router
-from pdserve.router.state.directory import StaticWorkerDirectory, WorkerInfo
+from pdserve.router.state.directory import StaticWorkerDirectory
 
 T = TypeVar("T")
 
@@ -335,7 +335,7 @@ async def _setup(roles, config, tokenizer, locality, hasher, loop, thread) -> St
         server, address, servicer = await start_stub_worker(worker_id, role)
         teardown.append(partial(server.stop, None))
         workers[worker_id] = servicer
-        infos.append(WorkerInfo(worker_id, address, WorkerRole(role)))
+        infos.append(WorkerInfo(worker_id, WorkerRole(role), address))
     config = replace(config, grpc_port=0, http_port=0)
     directory = StaticWorkerDirectory(infos)
     service = await start_router(config, tokenizer, directory, locality, hasher)

@@ -6,6 +6,7 @@ stored / removed / cleared events, and its cached hashes for snapshots).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -17,13 +18,12 @@ import redis
 from pdserve.cluster.kv_events import KvEventSequencer, KvStored
 from pdserve.cluster.locality_index import ApplyStatus, LocalityIndex
 from pdserve.cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
-from pdserve.cluster.registry import WorkerLoad, WorkerRegistry, WorkerRole
+from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.router_wiring import RedisLocality, RedisWorkerDirectory, merge_after_restart
-from pdserve.cluster.worker_agent import AgentConfig, WorkerAdvert, WorkerAgent, start_worker_agent
+from pdserve.cluster.worker_agent import AgentConfig, WorkerAgent, start_worker_agent
 from pdserve.engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
 from pdserve.proto.redis_keys import RedisKeys
-from pdserve.router.policies import WorkerRole as RouterRole
-from pdserve.router.state.directory import WorkerInfo as RouterWorkerInfo
+from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
 
 
 class BlockCache:
@@ -51,7 +51,7 @@ class BlockCache:
             self.events.append(CacheCleared())
 
     def stats(self) -> WorkerLoad:
-        return WorkerLoad(waiting_requests=0, running_requests=self.running, free_blocks=7)
+        return WorkerLoad(waiting=0, running=self.running, free_blocks=7)
 
     def drain(self) -> list[KVCacheEvent]:
         with self.lock:
@@ -79,8 +79,9 @@ def config(keys: RedisKeys) -> AgentConfig:
     return AgentConfig(key_prefix=keys.prefix, **FAST)
 
 
-def advert(worker_id: str = "prefill-0", role: WorkerRole = WorkerRole.PREFILL) -> WorkerAdvert:
-    return WorkerAdvert(worker_id, role, "127.0.0.1:1234", "m", 64, 16)
+def advert(worker_id: str = "prefill-0", role: WorkerRole = WorkerRole.PREFILL) -> WorkerInfo:
+    """What a worker registers, before the agent fills in epoch and load."""
+    return WorkerInfo(worker_id, role, "127.0.0.1:1234", "m", 64, 16)
 
 
 def start(
@@ -121,7 +122,7 @@ def test_agent_registers_publishes_events_and_deregisters(
         assert index.longest_prefix([2, 3, 4, 5], ["prefill-0"]) == {"prefill-0": 3}
         assert index.longest_prefix([1, 2], ["prefill-0"]) == {"prefill-0": 0}
         cache.running = 3
-        wait_until(lambda: registry.get("prefill-0").load.running_requests == 3)  # type: ignore[union-attr]
+        wait_until(lambda: registry.get("prefill-0").load.running == 3)  # type: ignore[union-attr]
         cache.clear()
         wait_until(lambda: index.blocks_of("prefill-0") == set())
     finally:
@@ -231,7 +232,7 @@ def test_directory_and_locality_adapters_follow_the_registry(
         directory.start()
         wait_until(lambda: len(directory.live_workers()) == 1)
         (worker,) = directory.live_workers()
-        assert worker.worker_id == "decode-3" and worker.role == RouterRole.DECODE
+        assert worker.worker_id == "decode-3" and worker.role == WorkerRole.DECODE
         assert worker.address == "127.0.0.1:1234" and worker.model == "m"
         wait_until(lambda: directory.live_workers()[0].load.running == 2)
         assert directory.live_workers()[0].load.free_blocks == 7
@@ -257,7 +258,7 @@ def test_locality_falls_back_to_empty_while_redis_is_down(
     locality = RedisLocality(index, retry_s=0.05)
     directory = RedisWorkerDirectory(registry, index, refresh_s=0.05)
     seq = KvEventSequencer("w", registry.allocate_epoch())
-    agent_info = advert("w").info(seq.epoch, WorkerLoad())
+    agent_info = dataclasses.replace(advert("w"), epoch=seq.epoch)
     try:
         assert registry.register(agent_info)
         index.apply([seq.stored([1, 2])])
@@ -289,9 +290,9 @@ def test_locality_falls_back_to_empty_while_redis_is_down(
 
 
 def test_merge_after_restart_keeps_missing_workers_and_prefers_fresh_entries() -> None:
-    old_a = RouterWorkerInfo("a", "h:1", RouterRole.PREFILL)
-    old_b = RouterWorkerInfo("b", "h:2", RouterRole.DECODE)
-    new_a = RouterWorkerInfo("a", "h:9", RouterRole.PREFILL)
+    old_a = WorkerInfo("a", WorkerRole.PREFILL, "h:1")
+    old_b = WorkerInfo("b", WorkerRole.DECODE, "h:2")
+    new_a = WorkerInfo("a", WorkerRole.PREFILL, "h:9")
     assert merge_after_restart([new_a], [old_a, old_b]) == (new_a, old_b)
     assert merge_after_restart([], []) == ()
 

@@ -37,7 +37,6 @@ import openai
 import pytest
 import redis
 
-from pdserve.cluster import registry as reg
 from pdserve.cluster.kv_events import KvEventSequencer
 from pdserve.cluster.locality_index import LocalityIndex
 from pdserve.cluster.registry import WorkerRegistry
@@ -45,8 +44,7 @@ from pdserve.cluster.router_wiring import RedisWorkerDirectory, load_router_toke
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
 from pdserve.proto.redis_keys import RedisKeys
-from pdserve.router.policies import WorkerRole
-from pdserve.router.state.directory import WorkerInfo
+from pdserve.proto.workers import WorkerInfo, WorkerRole
 from pdserve.router.state.locality import engine_prompt_hasher
 from tests.integration.cluster_proc import (
     UpProcess,
@@ -283,7 +281,7 @@ def one_by_two(tmp_path: Path) -> Iterator[tuple[dict[str, WorkerProc], StubClus
             worker.stop()
         raise
     with running(launched) as workers:
-        infos = [WorkerInfo(w.name, w.address, WorkerRole(w.role)) for w in workers]
+        infos = [WorkerInfo(w.name, WorkerRole(w.role), w.address) for w in workers]
         router = start_router_for(infos, tokenizer)
         try:
             yield {w.name: w for w in workers}, router
@@ -341,7 +339,7 @@ def test_the_router_sweeps_the_entries_of_a_worker_whose_lease_lapsed(
     registry = WorkerRegistry(redis_client, keys, lease_s=0.5)
     index = LocalityIndex(redis_client, keys)
     seq = KvEventSequencer("gone", registry.allocate_epoch())
-    info = reg.WorkerInfo("gone", reg.WorkerRole.PREFILL, "127.0.0.1:1", "m", 64, 16, seq.epoch)
+    info = WorkerInfo("gone", WorkerRole.PREFILL, "127.0.0.1:1", "m", 64, 16, seq.epoch)
     assert registry.register(info)
     index.apply([seq.stored([11, 12, 13])])
     directory = RedisWorkerDirectory(registry, index, refresh_s=0.05, sweep_s=0.1).start()

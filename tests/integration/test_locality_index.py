@@ -19,15 +19,10 @@ from hypothesis import strategies as st
 from pdserve.cluster.kv_events import KvCleared, KvEvent, KvEventSequencer, KvSnapshot, KvStored
 from pdserve.cluster.locality_index import ApplyStatus, LocalityIndex
 from pdserve.cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
-from pdserve.cluster.registry import (
-    HeartbeatStatus,
-    WorkerInfo,
-    WorkerLoad,
-    WorkerRegistry,
-    WorkerRole,
-)
+from pdserve.cluster.registry import HeartbeatStatus, WorkerRegistry
 from pdserve.cluster.router_wiring import RedisLocality
 from pdserve.proto.redis_keys import RedisKeys
+from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
 from pdserve.router.state.batched_lookups import BatchedLookups
 from tests.loop_ticks import LoopTicks
 

@@ -23,14 +23,9 @@ from pdserve.cluster.redis_server import (
     find_redis_server_binary,
     redis_url,
 )
-from pdserve.cluster.registry import (
-    HeartbeatStatus,
-    WorkerInfo,
-    WorkerLoad,
-    WorkerRegistry,
-    WorkerRole,
-)
+from pdserve.cluster.registry import HeartbeatStatus, WorkerRegistry, check_registration
 from pdserve.proto.redis_keys import RedisKeys
+from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
 
 
 def _info(worker_id: str, role: str, epoch: int) -> WorkerInfo:
@@ -65,9 +60,7 @@ def test_register_heartbeat_list(redis_client: redis.Redis, keys: RedisKeys) -> 
     assert reg.register(_info("p1", "prefill", epochs["p1"]))
     assert reg.register(_info("d0", "decode", epochs["d0"]))
 
-    load = WorkerLoad(
-        waiting_requests=3, running_requests=7, free_blocks=100, extra=(("gpu", 0.5),)
-    )
+    load = WorkerLoad(waiting=3, running=7, free_blocks=100, extra=(("gpu", 0.5),))
     reply = reg.heartbeat("p1", epochs["p1"], load)
     assert reply.status == HeartbeatStatus.OK and not reply.snapshot_wanted
 
@@ -126,17 +119,31 @@ def test_epochs_survive_counter_loss(redis_client: redis.Redis, keys: RedisKeys)
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"worker_id": "bad id"},
         {"worker_id": ""},
         {"role": "router"},
-        {"kv_capacity_blocks": 0},
-        {"epoch": 0},
         {"address": ""},
+        {"block_size": 0},
+        {"kv_capacity_blocks": -1},
     ],
 )
 def test_worker_info_rejects_bad_input(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         dataclasses.replace(_info("w", "prefill", 1), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"worker_id": "a b"}, {"model": ""}, {"kv_capacity_blocks": 0}, {"epoch": 0}],
+)
+def test_registration_rejects_what_routing_cannot_use(
+    redis_client: redis.Redis, keys: RedisKeys, kwargs: dict[str, Any]
+) -> None:
+    info = dataclasses.replace(_info("w", "prefill", 1), **kwargs)
+    with pytest.raises(ValueError):
+        check_registration(info)
+    with pytest.raises(ValueError):
+        WorkerRegistry(redis_client, keys, lease_s=30).register(info)
+    assert redis_client.keys(f"{keys.prefix}*") == []
 
 
 def test_embedded_server_stops_without_orphan() -> None:

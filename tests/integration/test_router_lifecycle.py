@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
+from pdserve.proto.workers import WorkerLoad
 from pdserve.router.config import RouterConfig
-from pdserve.router.policies import WorkerLoad
 from pdserve.router.request.types import InMemoryTimingSink
 from pdserve.router.state.locality import InProcessLocalityIndex, engine_prompt_hasher
 from tests.integration.stub_worker import FakeCharTokenizer, StubCluster, start_stub_cluster

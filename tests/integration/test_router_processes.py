@@ -21,12 +21,12 @@ import grpc
 import pytest
 
 from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
+from pdserve.proto.workers import WorkerInfo, WorkerRole
 from pdserve.router.config import RouterConfig
 from pdserve.router.event_loop import run
-from pdserve.router.policies import WorkerRole
 from pdserve.router.processes import RouterProcesses, start_router_processes
 from pdserve.router.service import RouterService, start_router
-from pdserve.router.state.directory import StaticWorkerDirectory, WorkerInfo
+from pdserve.router.state.directory import StaticWorkerDirectory
 from tests.integration.stub_worker import (
     FakeCharTokenizer,
     StubWorker,
@@ -65,7 +65,7 @@ def stub() -> Iterator[tuple[LoopThread, StubWorker, str]]:
 def start_group(stub: tuple[LoopThread, StubWorker, str], processes: int) -> RouterProcesses:
     """``processes`` routers on fresh ports in front of the stub worker."""
     thread, _, address = stub
-    infos = (WorkerInfo("w0", address, WorkerRole.COLOCATED),)
+    infos = (WorkerInfo("w0", WorkerRole.COLOCATED, address),)
     factory = functools.partial(router_for_stubs, infos)
     config = RouterConfig(grpc_port=0, http_port=0)
     return thread.run(start_router_processes(config, factory, processes))
@@ -138,7 +138,7 @@ def test_one_process_starts_no_child_and_keeps_the_port_exclusive(
     stub: tuple[LoopThread, StubWorker, str],
 ) -> None:
     thread, _, address = stub
-    infos = (WorkerInfo("w0", address, WorkerRole.COLOCATED),)
+    infos = (WorkerInfo("w0", WorkerRole.COLOCATED, address),)
     processes = start_group(stub, 1)
     try:
         assert processes.children == [] and processes.pids == [os.getpid()]
@@ -162,7 +162,7 @@ def test_a_child_that_fails_to_start_is_reported(
 ) -> None:
     thread, _, address = stub
     monkeypatch.setenv(PARENT_PID_VARIABLE, str(os.getpid()))  # children inherit it
-    infos = (WorkerInfo("w0", address, WorkerRole.COLOCATED),)
+    infos = (WorkerInfo("w0", WorkerRole.COLOCATED, address),)
     factory = functools.partial(_parent_only_router, infos)
     config = RouterConfig(grpc_port=0, http_port=0)
     with pytest.raises(RuntimeError, match=r"exited \(code 1\) before it was ready"):
@@ -184,7 +184,7 @@ def test_a_router_serves_on_uvloop(stub: tuple[LoopThread, StubWorker, str]) -> 
     """grpc.aio hooks its completion queue into the loop's reader API: check it on uvloop
     (router children run on the default loop, uvloop when installed)."""
     _, _, address = stub
-    infos = (WorkerInfo("w0", address, WorkerRole.COLOCATED),)
+    infos = (WorkerInfo("w0", WorkerRole.COLOCATED, address),)
 
     async def serve_one() -> tuple[str, str]:
         service = await router_for_stubs(infos, RouterConfig(grpc_port=0, http_port=0))

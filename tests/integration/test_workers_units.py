@@ -14,7 +14,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pdserve.decode_worker import convert as decode_convert
 from pdserve.decode_worker.reservations import Reservation, ReservationTable
 from pdserve.engine.outputs import StepOutput, TokenLogprob
 from pdserve.engine.sampling_params import SamplingParams
@@ -29,12 +28,17 @@ from pdserve.kv_transfer.handoff import (
 )
 from pdserve.prefill_worker.transfer import plan_transfer
 from pdserve.proto import common_pb2, worker_pb2
+from pdserve.proto.params import params_from_proto, params_to_proto
 from pdserve.worker.checks import check_prompt, check_request_id
-from pdserve.worker.convert import destination_from_proto, params_from_proto, step_to_chunk
+from pdserve.worker.convert import (
+    destination_from_proto,
+    destination_to_proto,
+    first_token_from_proto,
+    step_to_chunk,
+)
 from pdserve.worker.errors import status_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-first_token_from_proto = decode_convert.first_token_from_proto
 
 
 def _dest(block_ids: tuple[int, ...], present: int) -> KVDestination:
@@ -129,10 +133,10 @@ def test_await_handle_returns_done_times_out_or_is_cancelled() -> None:
     asyncio.run(scenario())
 
 
-def test_both_roles_read_sampling_params_alike() -> None:
+def test_sampling_params_read_from_the_wire_keep_engine_defaults() -> None:
     msg = common_pb2.SamplingParams(temperature=0.0, top_k=5, stop_token_ids=[7], logprobs=0)
     params = params_from_proto(msg)
-    assert decode_convert.params_from_proto(msg) == params
+    assert params_from_proto(params_to_proto(params)) == params
     assert (params.temperature, params.top_k, params.stop_token_ids, params.logprobs) == (
         0.0,
         5,
@@ -146,7 +150,6 @@ def test_step_output_becomes_a_token_chunk() -> None:
     lp = TokenLogprob(token_id=5, logprob=-0.25, top=((5, -0.25), (9, -2.0)))
     running = StepOutput("r", 1, (5,), "hi", (lp,), None)
     chunk = step_to_chunk(running)
-    assert decode_convert.step_to_chunk(running) == chunk
     assert (chunk.index, list(chunk.token_ids), chunk.text, chunk.finish_reason) == (
         1,
         [5],
@@ -161,7 +164,7 @@ def test_step_output_becomes_a_token_chunk() -> None:
 
 def test_destination_round_trips_between_the_roles() -> None:
     dest = _dest((3, 4, 5), 1)
-    assert destination_from_proto(decode_convert.destination_to_proto(dest)) == dest
+    assert destination_from_proto(destination_to_proto(dest)) == dest
 
 
 def test_request_id_and_prompt_are_checked_at_the_edge() -> None:

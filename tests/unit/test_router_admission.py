@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pdserve.proto.workers import WorkerLoad
 from pdserve.router.edge.errors import OverloadedError
-from pdserve.router.policies import WorkerLoad
 from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker
 
 

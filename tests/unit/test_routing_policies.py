@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from pdserve.proto.workers import WorkerLoad, WorkerRole
 from pdserve.router.policies import (
     CostModel,
     JointTtftPolicy,
@@ -15,8 +16,6 @@ from pdserve.router.policies import (
     RoundRobinPolicy,
     RouteRequest,
     WorkerCandidate,
-    WorkerLoad,
-    WorkerRole,
     make_policy,
     predict_ttft,
 )
