@@ -23,9 +23,11 @@ $(STAMP): pyproject.toml Makefile
 serve: venv
 	$(BIN)/pdserve up
 
+# lint-imports checks the layering drawn in docs/architecture.md (contracts in pyproject.toml).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy

@@ -35,9 +35,8 @@ from tqdm import tqdm
 
 from pdserve.bench.workload import WorkloadSpec, build_workload
 from pdserve.engine.config import CacheConfig, EngineConfig
-from pdserve.engine.engine import LLMEngine
+from pdserve.engine.engine import LLMEngine, StepRecord
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.engine.scheduler.plan import BatchPlan
 from pdserve.engine.worker_state import LoadedModel, load
 from pdserve.kv_transfer import TransferConfig, TransferState, make_receiver, make_sender
 
@@ -74,23 +73,20 @@ def compare(prompt_tokens: int, fp: Continuation, int8: Continuation) -> PromptR
 
 
 class LogitsTap:
-    """Keeps the logits of the first step an engine runs after ``arm()`` (by wrapping its
-    runner's ``execute``; the engine under test runs one sequence, so that is row 0)."""
+    """Keeps the logits of the first step an engine runs after ``arm()`` that samples (a step
+    observer; the engine under test runs one sequence, so that is row 0)."""
 
     def __init__(self, engine: LLMEngine) -> None:
-        self._execute = engine.runner.execute
-        engine.runner.execute = self._run  # type: ignore[method-assign]
+        engine.add_step_observer(self._observe)
         self._armed = False
         self.logits: torch.Tensor | None = None
 
     def arm(self) -> None:
         self._armed, self.logits = True, None
 
-    def _run(self, plan: BatchPlan) -> torch.Tensor:
-        logits = self._execute(plan)  # [num_sampled, vocab]
-        if self._armed and logits.shape[0] > 0:
-            self._armed, self.logits = False, logits[0].float().clone()
-        return logits
+    def _observe(self, record: StepRecord) -> None:
+        if self._armed and record.logits.shape[0] > 0:  # logits: [num_sampled, vocab]
+            self._armed, self.logits = False, record.logits[0].float().clone()
 
 
 class KVMover:

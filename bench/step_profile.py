@@ -17,11 +17,8 @@ kernels on the same cores do.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-
-import torch
 
 from pdserve.bench.baselines_hf import torch_dtype
 from pdserve.bench.engine_throughput import load_workload
@@ -35,7 +32,6 @@ from pdserve.bench.floor import (
 )
 from pdserve.bench.pdserve_offline import DTYPES
 from pdserve.engine.engine import LLMEngine
-from pdserve.engine.outputs import StepOutput
 from pdserve.engine.scheduler.plan import BatchPlan
 
 DECODE_BUCKET = 16  # decode-only steps are grouped by batch size, rounded up to this
@@ -122,28 +118,11 @@ def format_summary(totals: dict[str, KindTotals], roof: Roofline, dtype: str) ->
 
 
 class StepRecorder:
-    """Times each ``engine.step()`` and keeps the plan its runner executed (by wrapping both
-    methods of this one engine: a measuring tool, not a hook the engine offers)."""
+    """Each step's wall time and plan, as the engine's step observer reports them."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.records: list[tuple[float, BatchPlan]] = []
-        self._plan: BatchPlan | None = None
-        execute, step = engine.runner.execute, engine.step
-
-        def recording_execute(plan: BatchPlan) -> torch.Tensor:
-            self._plan = plan
-            return execute(plan)
-
-        def timed_step() -> list[StepOutput]:
-            start_s = time.perf_counter()
-            outputs = step()
-            if self._plan is not None:  # an empty plan never reaches the runner
-                self.records.append((time.perf_counter() - start_s, self._plan))
-                self._plan = None
-            return outputs
-
-        engine.runner.execute = recording_execute  # type: ignore[method-assign]
-        engine.step = timed_step  # type: ignore[method-assign]
+        engine.add_step_observer(lambda record: self.records.append((record.step_s, record.plan)))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

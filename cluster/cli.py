@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # its options, --help included, are the bench program's
+        cli_bench.exec_bench(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -1,43 +1,31 @@
-"""`pdserve bench`: load the router like users do, or (`--offline`) the engine alone.
+"""`pdserve bench`: hands its arguments to the benchmark program that bench/ owns.
 
-`pdserve bench --offline [ARGS]` hands ARGS to ``pdserve.bench.engine_throughput`` (pdserve's engine
-vs transformers on one fixed workload); without ``--offline`` it is the serving benchmark of
-``pdserve.bench.serve`` (datasets, Poisson arrivals, TTFT/TPOT/ITL percentiles, goodput).
+The product never imports ``bench/``: this command replaces the process with
+``python -m pdserve.bench`` (the same interpreter), which parses the arguments itself.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+BENCH_COMMAND = (sys.executable, "-m", "pdserve.bench")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "bench",
         help="benchmarks: serving load against the router, or --offline engine throughput",
-        description=__doc__,
+        description=__doc__ + "\nSee `pdserve bench --help` for its options.",
+        add_help=False,  # --help goes to the benchmark program, which knows the options
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--offline",
-        nargs=argparse.REMAINDER,
-        default=None,
-        metavar="ARGS",
-        help="run the offline engine throughput benchmark with ARGS "
-        "(see `python -m pdserve.bench.engine_throughput --help`)",
-    )
-    from pdserve.bench.serve.cli import add_serve_arguments
-
-    add_serve_arguments(p)
-    p.set_defaults(run=run)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="ARGS")
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.offline is not None:
-        from pdserve.bench.engine_throughput import main
-
-        main(args.offline)
-        return 0
-    from pdserve.bench.serve.cli import run_serve_bench
-
-    return run_serve_bench(args)
+def exec_bench(bench_args: Sequence[str]) -> NoReturn:
+    """Replace this process with the benchmark program, given ``bench_args``."""
+    os.execv(BENCH_COMMAND[0], [*BENCH_COMMAND, *bench_args])

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.kv_cache import ImportReservation
@@ -17,6 +20,11 @@ from pdserve.engine.scheduler import Scheduler, Sequence, SequenceUpdate
 from pdserve.engine.stop_strings import StopStringMatcher
 from pdserve.engine.tokenizer import IncrementalDetokenizer
 from pdserve.engine.worker_state import LoadedModel, build_worker_state
+
+if TYPE_CHECKING:
+    import torch
+
+    from pdserve.engine.scheduler.plan import BatchPlan
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +37,20 @@ class _SeqOutputState:
     index: int
     detokenizer: IncrementalDetokenizer
     stops: StopStringMatcher | None
+
+
+@dataclass(slots=True, frozen=True)
+class StepRecord:
+    """One step, as a step observer sees it (after the step, before its outputs return)."""
+
+    plan: BatchPlan
+    logits: torch.Tensor  # [num_sampled, vocab]: the rows the sampler read
+    step_s: float  # wall time of the whole step: schedule, forward, sample, update
+
+
+# Called after every non-empty step, on the engine's thread: for measuring tools
+# (bench/step_profile.py, bench/int8_effect.py). It must not change the engine.
+StepObserver = Callable[[StepRecord], None]
 
 
 class LLMEngine:
@@ -49,6 +71,11 @@ class LLMEngine:
         self._request_seqs: dict[str, list[str]] = {}
         # prefill-role requests -> the max_tokens the client asked for
         self._prefill_only: dict[str, int] = {}
+        self._step_observers: list[StepObserver] = []
+
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Have ``observer`` see every step from now on (see :class:`StepRecord`)."""
+        self._step_observers.append(observer)
 
     # -- requests ----------------------------------------------------------------------
     def add_request(
@@ -155,6 +182,7 @@ class LLMEngine:
 
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        start_s = time.perf_counter()
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
@@ -163,7 +191,12 @@ class LLMEngine:
         results = self.sampler(logits, [self._sample_request(c.seq_id) for c in sampled_chunks])
         by_seq = {c.seq_id: r for c, r in zip(sampled_chunks, results, strict=True)}
         updates = self.scheduler.update(plan, {k: r.token_id for k, r in by_seq.items()})
-        return [out for u in updates if (out := self._emit(u, by_seq.get(u.seq_id)))]
+        outputs = [out for u in updates if (out := self._emit(u, by_seq.get(u.seq_id)))]
+        if self._step_observers:
+            record = StepRecord(plan, logits, time.perf_counter() - start_s)
+            for observer in self._step_observers:
+                observer(record)
+        return outputs
 
     # -- helpers -----------------------------------------------------------------------
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:

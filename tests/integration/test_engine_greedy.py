@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.engine import StepRecord
 from pdserve.engine.model.loader import load_model
 from pdserve.engine.model.packed_gemm import gemm_for
 from pdserve.engine.worker_state import LoadedModel
@@ -120,6 +121,22 @@ def test_forced_preemption_recomputes_identically(
     tokens, llm = run(loaded, prompt_ids, num_blocks=56)
     assert llm.engine.scheduler.stats().num_preemptions > 0
     assert tokens == hf_greedy
+
+
+def test_step_observer_sees_every_step_and_changes_no_token(
+    loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    llm = LLM(loaded=loaded)
+    records: list[StepRecord] = []
+    llm.engine.add_step_observer(records.append)
+    results = llm.generate(prompt_ids, GREEDY)
+    assert [r.token_ids for r in results] == hf_greedy
+    # Each sampled row is one generated token: the observer saw every step that sampled.
+    sampled_rows = sum(r.logits.shape[0] for r in records)
+    assert sampled_rows == sum(len(t) for t in hf_greedy)
+    assert all(r.step_s > 0 and not r.plan.is_empty for r in records)
+    for record in records:
+        assert record.logits.shape[0] == sum(c.sample for c in record.plan.chunks)
 
 
 def test_prefill_then_decode_in_another_engine(

@@ -1,18 +1,35 @@
+import subprocess
+import sys
+
 import pytest
 
-from pdserve.cluster.cli import build_parser, main
+from pdserve.bench.cli import build_parser as bench_parser
+from pdserve.cluster.cli import main
 
 
 def test_bench_offline_passes_the_rest_to_the_engine_benchmark() -> None:
-    args = build_parser().parse_args(
-        ["bench", "--offline", "--dtype", "bf16", "--num-requests", "4"]
-    )
+    args = bench_parser().parse_args(["--offline", "--dtype", "bf16", "--num-requests", "4"])
     assert args.offline == ["--dtype", "bf16", "--num-requests", "4"]
 
 
 def test_bench_without_offline_is_the_serving_benchmark() -> None:
-    args = build_parser().parse_args(["bench", "--num-prompts", "3"])
+    args = bench_parser().parse_args(["--num-prompts", "3"])
     assert args.offline is None and args.num_prompts == 3
+
+
+def test_pdserve_bench_is_the_bench_program() -> None:
+    # A process of its own (the product imports nothing of bench/): its --help lists the
+    # benchmark's options.
+    done = subprocess.run(
+        [sys.executable, "-m", "pdserve.cluster.cli", "bench", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage: pdserve bench" in done.stdout
+    assert "--offline" in done.stdout and "--num-prompts" in done.stdout
 
 
 def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
