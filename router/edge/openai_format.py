@@ -44,12 +44,19 @@ class _Formatter:
     object_name = ""
 
     def __init__(
-        self, response_id: str, model: str, created: int, n: int, decode: DecodeToken
+        self,
+        response_id: str,
+        model: str,
+        created: int,
+        n: int,
+        decode: DecodeToken,
+        logprobs: bool,
     ) -> None:
         self.response_id = response_id
         self.model = model
         self.created = created
         self.decode = decode
+        self.want_logprobs = logprobs
         self.choices = [_Choice() for _ in range(n)]
 
     def add(self, chunk: ChunkEvent) -> None:
@@ -78,18 +85,9 @@ class _Formatter:
 class CompletionFormatter(_Formatter):
     object_name = "text_completion"
 
-    def __init__(
-        self,
-        response_id: str,
-        model: str,
-        created: int,
-        n: int,
-        decode: DecodeToken,
-        logprobs: bool,
-    ) -> None:
-        super().__init__(response_id, model, created, n, decode)
-        self.want_logprobs = logprobs
-        self._offsets = [0] * n  # text offset of the next token, per choice
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._offsets = [0] * len(self.choices)  # text offset of the next token, per choice
 
     def stream_chunk(self, chunk: ChunkEvent) -> dict[str, Any]:
         logprobs = self._logprobs(chunk.index, chunk.logprobs) if self.want_logprobs else None
@@ -138,18 +136,9 @@ class CompletionFormatter(_Formatter):
 class ChatFormatter(_Formatter):
     object_name = "chat.completion.chunk"
 
-    def __init__(
-        self,
-        response_id: str,
-        model: str,
-        created: int,
-        n: int,
-        decode: DecodeToken,
-        logprobs: bool,
-    ) -> None:
-        super().__init__(response_id, model, created, n, decode)
-        self.want_logprobs = logprobs
-        self._started = [False] * n
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._started = [False] * len(self.choices)
 
     def stream_chunk(self, chunk: ChunkEvent) -> dict[str, Any]:
         delta: dict[str, Any] = {"content": chunk.text}

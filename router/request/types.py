@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pdserve.engine.outputs import TokenLogprob
 from pdserve.engine.sampling_params import SamplingParams
 
 
@@ -20,13 +21,6 @@ class GenerateInput:
     arrival_s: float
     routing_policy: str = ""  # "" = the router's default
     deadline_s: float = 0.0  # seconds after arrival; 0 = the router's default
-
-
-@dataclass(slots=True, frozen=True)
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob) alternatives
 
 
 @dataclass(slots=True, frozen=True)

@@ -6,10 +6,8 @@ the reservation table, proto conversion, the error -> status mapping, handle wai
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import threading
-from pathlib import Path
 
 import grpc
 import pytest
@@ -37,8 +35,6 @@ from pdserve.worker.convert import (
     step_to_chunk,
 )
 from pdserve.worker.errors import status_for
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dest(block_ids: tuple[int, ...], present: int) -> KVDestination:
@@ -175,17 +171,3 @@ def test_request_id_and_prompt_are_checked_at_the_edge() -> None:
     assert check_prompt((1, 2)) == [1, 2]
     with pytest.raises(ValueError, match="prompt_token_ids is empty"):
         check_prompt(())
-
-
-def test_decode_worker_imports_nothing_of_the_prefill_worker() -> None:
-    """Design rule: decode_worker may import engine, kv_transfer and proto only."""
-    offenders = []
-    for path in sorted((REPO_ROOT / "decode_worker").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "prefill_worker"]
-    assert not offenders, offenders

@@ -12,12 +12,13 @@ _PROBE = """
 import sys
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
 import pdserve.bench.serve
-import pdserve.bench.serve.grpc_client, pdserve.bench.serve.plots, pdserve.bench.serve.__main__
+import pdserve.bench.serve.grpc_client, pdserve.bench.serve.plots, pdserve.bench.cli
 from pdserve.bench.serve import RandomSpec, build_dataset
 from pdserve.bench.serve.text import TextSource
 assert len(build_dataset(RandomSpec(8, 2), 3, seed=0, source=TextSource())) == 3
-banned = ("torch", "engine", "cluster", "router", "transformers", "matplotlib")
-loaded = sorted(m for m in sys.modules if m.split(".")[0] in banned and sys.modules[m])
+banned = ("torch", "pdserve.engine", "pdserve.cluster", "pdserve.router", "transformers",
+          "matplotlib")
+loaded = sorted(m for m in sys.modules if m.startswith(banned) and sys.modules[m])
 assert not loaded, loaded
 print("ok")
 """
