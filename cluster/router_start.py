@@ -15,14 +15,10 @@ from dataclasses import dataclass, replace
 import redis
 
 from pdserve.cluster.registry import WorkerRegistry
-from pdserve.cluster.router_wiring import (
-    RedisLocality,
-    RedisWorkerDirectory,
-    RouterTokenizer,
-    load_router_tokenizer,
-)
+from pdserve.cluster.router_wiring import RedisLocality, RedisWorkerDirectory
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.router.config import RouterConfig
+from pdserve.router.edge.tokenizer import RouterTokenizer, load_router_tokenizer
 from pdserve.router.service import RouterService, start_router
 from pdserve.router.state.batched_lookups import BatchedLookups
 from pdserve.router.state.locality import engine_prompt_hasher

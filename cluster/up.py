@@ -39,15 +39,12 @@ from pdserve.cluster.ray_cluster import RayEndpoints, gpus_available, start_or_j
 from pdserve.cluster.ray_pools import ActorResources, RayWorkerPool
 from pdserve.cluster.redis_server import redacted_url
 from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
-from pdserve.cluster.router_wiring import (
-    RedisWorkerDirectory,
-    RouterTokenizer,
-    load_router_tokenizer,
-)
+from pdserve.cluster.router_wiring import RedisWorkerDirectory
 from pdserve.cluster.supervise import SupervisedRedis, embedded_redis, supervise
 from pdserve.cluster.worker_launch import WorkerLaunch
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.router.config import RouterConfig
+from pdserve.router.edge.tokenizer import RouterTokenizer, load_router_tokenizer
 from pdserve.router.event_loop import run as run_loop
 from pdserve.router.processes import RouterProcesses, spawn_routers
 from pdserve.router.service import RouterService

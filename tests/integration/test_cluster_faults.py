@@ -40,11 +40,12 @@ import redis
 from pdserve.cluster.kv_events import KvEventSequencer
 from pdserve.cluster.locality_index import LocalityIndex
 from pdserve.cluster.registry import WorkerRegistry
-from pdserve.cluster.router_wiring import RedisWorkerDirectory, load_router_tokenizer
+from pdserve.cluster.router_wiring import RedisWorkerDirectory
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo, WorkerRole
+from pdserve.router.edge.tokenizer import load_router_tokenizer
 from pdserve.router.state.locality import engine_prompt_hasher
 from tests.integration.cluster_proc import (
     UpProcess,
