@@ -1,6 +1,6 @@
 """The inference engine: model, paged KV cache, scheduler, sampler and the step loop.
 
-Importing ``engine`` is cheap; torch loads when ``LLM`` or ``LLMEngine`` is first used.
+Importing ``pdserve.engine`` is cheap; torch loads when ``LLM`` or ``LLMEngine`` is first used.
 """
 
 from __future__ import annotations
@@ -25,4 +25,4 @@ def __getattr__(name: str) -> Any:
         from pdserve.engine.engine import LLMEngine
 
         return LLMEngine
-    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    raise AttributeError(f"module 'pdserve.engine' has no attribute {name!r}")

@@ -3,7 +3,7 @@
 The tokenizer and its chat template come from the same file as the weights: the GGUF
 metadata (``AutoTokenizer.from_pretrained(dir, gguf_file=name)``) or a Hugging Face
 directory. transformers is imported inside :func:`load_tokenizer` only, so importing
-``engine`` stays light.
+``pdserve.engine`` stays light.
 """
 
 from __future__ import annotations

@@ -248,7 +248,7 @@ async def _set_health(servicer: Any, status: Any) -> None:
 
 async def _warm_up(roles: ws.WorkerRoles) -> None:
     """Start the engine thread and the role's background work, then run one tiny request
-    through the whole step path (as worker_server does) before reporting SERVING."""
+    through the whole step path (as worker/server.py does) before reporting SERVING."""
     roles.engine.start()
     if roles.decode is not None:
         roles.decode.start()

@@ -390,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         configs = configs_from_args(args)
     except ValueError as err:
-        print(f"worker_server: error: {err}", file=sys.stderr)
+        print(f"pdserve.worker.server: error: {err}", file=sys.stderr)
         return 2
     server_config = configs[0]
     logging.basicConfig(
