@@ -238,7 +238,7 @@ def test_scale_down_drains_a_busy_decode_worker_and_scale_up_adds_one(
             for ids in prompts
         ]
         wait_until(
-            lambda: sum(w.load.running_requests for w in rds.registry.list_workers()) >= 2,
+            lambda: sum(w.load.running for w in rds.registry.list_workers()) >= 2,
             30,
             "both requests to run",
         )
