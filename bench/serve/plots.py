@@ -64,12 +64,7 @@ def _latency_cdfs(plt: Any, runs: Sequence[RateResult], path: Path) -> Path:
                 ax.step(*cdf_points(values), where="post", label=f"{run.request_rate:g} req/s")
     for ax, name in zip(axes.flat, ("TTFT", "TPOT", "ITL", "E2E latency"), strict=True):
         ax.set(title=f"{name} CDF", xlabel="ms", ylabel="fraction of samples", ylim=(0, 1.02))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def _goodput_vs_rate(plt: Any, result: BenchResult, path: Path) -> Path:
@@ -86,8 +81,14 @@ def _goodput_vs_rate(plt: Any, result: BenchResult, path: Path) -> Path:
         ax.plot(*zip(*offered, strict=True), "x:", color="gray", label="offered rate")
     ax.set_xticks(xs, [f"{r.request_rate:g}" for r in runs])
     ax.set(xlabel="request rate (req/s)", ylabel="requests/s", title=_slo_title(result))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Grid and legend on every axes, then write ``path`` and free the figure."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
