@@ -1,6 +1,6 @@
 """In-process backend: a tensor copy between two pools of one process.
 
-Serves tests and the colocated path. ``send`` runs the copy on the caller's thread, so the
+Serves tests and benchmarks (bench/int8_effect.py). ``send`` runs the copy on the caller's thread, so the
 returned handle has already ended. The receiver must ``expect`` before the sender sends.
 """
 

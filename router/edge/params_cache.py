@@ -1,9 +1,9 @@
 """Sampling parameters of the gRPC edge, converted and checked once per distinct message.
 
 Clients send a handful of parameter sets over and over; converting one (``ListFields``,
-``SamplingParams`` validation, the float32 round trip of ``as_sent_to_workers``) costs more
+``SamplingParams`` validation, the float32 narrowing of ``as_sent_to_workers``) costs more
 than serializing it. ``SamplingParams`` is frozen, so one object can serve every request
-that sent the same bytes -- which also lets ``pdserve.router.edge.convert.params_message`` hit its
+that sent the same bytes -- which also lets ``pdserve.proto.params.params_message`` hit its
 cache on identity.
 """
 
