@@ -7,10 +7,10 @@ One background thread per worker process does, every ``publish_interval_s``::
     else            -> drain_fn()     -> KvStored / KvRemoved / KvCleared, numbered by epoch+seq
 
 The thread never calls into the engine itself: the three callbacks do (see
-:func:`pdserve.worker.engine_callbacks.engine_callbacks` for an ``AsyncEngine``), and they must be callable from this thread.
-While Redis is unreachable the agent logs once, drops the drained events and owes a snapshot;
-when Redis answers again the heartbeat says LEASE_LOST (restarted) or OK, and the snapshot
-brings the index back in line either way.
+:func:`pdserve.worker.engine_callbacks.engine_callbacks` for an ``AsyncEngine``), and they must be
+callable from this thread. While Redis is unreachable the agent logs once, drops the drained events
+and owes a snapshot; when Redis answers again the heartbeat says LEASE_LOST (restarted) or OK, and
+the snapshot brings the index back in line either way.
 
 Usage from a worker process (after the model is loaded and warm, so the registry only lists
 workers that can serve)::

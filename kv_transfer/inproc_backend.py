@@ -1,7 +1,7 @@
 """In-process backend: a tensor copy between two pools of one process.
 
-Serves tests and benchmarks (bench/int8_effect.py). ``send`` runs the copy on the caller's thread, so the
-returned handle has already ended. The receiver must ``expect`` before the sender sends.
+Serves tests and benchmarks (bench/int8_effect.py). ``send`` runs the copy on the caller's thread,
+so the returned handle has already ended. The receiver must ``expect`` before the sender sends.
 """
 
 from __future__ import annotations
