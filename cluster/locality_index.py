@@ -105,6 +105,11 @@ def _as_bytes(value: bytes | str) -> bytes:
     return value
 
 
+# KEYS: the worker's block set, then the other workers' sets. Counts on the server, so a
+# worker's thousands of 8-byte members never cross the network.
+_UNIQUE_BLOCKS_LUA = "return #redis.call('SDIFF', unpack(KEYS))"
+
+
 class LocalityIndex:
     """The locality index in one Redis, under ``keys.prefix``. Scripts are loaded eagerly so
     that the first lookup already costs a single round trip."""
@@ -120,7 +125,8 @@ class LocalityIndex:
         self._apply = client.register_script(APPLY_SCRIPT)
         self._lookup = client.register_script(LONGEST_PREFIX_SCRIPT)
         self._sweep = client.register_script(SWEEP_SCRIPT)
-        for script in (self._apply, self._lookup, self._sweep):
+        self._unique = client.register_script(_UNIQUE_BLOCKS_LUA)
+        for script in (self._apply, self._lookup, self._sweep, self._unique):
             client.script_load(script.script)
         self._run_id = self._adopt_run_id()
 
@@ -176,6 +182,17 @@ class LocalityIndex:
     def sweep(self) -> list[str]:
         """Drop the entries of workers whose lease lapsed or epoch changed; return their ids."""
         return sorted(_as_str(w) for w in self._sweep(args=[self._keys.prefix]))
+
+    def unique_blocks(self, worker_ids: Sequence[str]) -> dict[str, int]:
+        """For each of ``worker_ids``: how many of its indexed blocks none of the others holds
+        (what the cluster would lose by removing it), in one round trip."""
+        ids = list(dict.fromkeys(check_worker_id(w) for w in worker_ids))
+        sets = {w: self._keys.worker_blocks(w) for w in ids}
+        pipe = self._client.pipeline(transaction=False)
+        for w in ids:
+            others = [key for other, key in sets.items() if other != w]
+            self._unique(keys=[sets[w], *others], client=pipe)
+        return {w: int(n) for w, n in zip(ids, pipe.execute(), strict=True)}
 
     def blocks_of(self, worker_id: str) -> set[int]:
         """Block hashes (as ints) indexed for ``worker_id``: for tests and debugging."""

@@ -227,6 +227,22 @@ def test_new_epoch_drops_stale_entries(
     assert index.longest_prefix([1, 2, 3, 4], ["w0"]) == {"w0": 1}
 
 
+def test_unique_blocks_counts_what_only_that_worker_holds(
+    registry: WorkerRegistry, index: LocalityIndex
+) -> None:
+    workers = {w: _Worker(w, registry) for w in ("w0", "w1", "w2")}
+    index.apply([
+        workers["w0"].seq.stored([1, 2, 3, 4]),
+        workers["w1"].seq.stored([1, 2, 9]),
+        workers["w2"].seq.stored([3]),
+    ])  # fmt: skip
+    assert index.unique_blocks(["w0", "w1", "w2"]) == {"w0": 1, "w1": 1, "w2": 0}
+    # Among w0 and w2 only, w0 alone holds 1, 2 and 4.
+    assert index.unique_blocks(["w0", "w2"]) == {"w0": 3, "w2": 0}
+    assert index.unique_blocks(["w0", "nobody"]) == {"w0": 4, "nobody": 0}
+    assert index.unique_blocks([]) == {}
+
+
 def test_seq_gap_requests_snapshot_and_ignores_deltas(
     registry: WorkerRegistry, index: LocalityIndex
 ) -> None:
