@@ -12,6 +12,9 @@ finished in the half-open interval ``(now_s - W, now_s]``:
     request_rps    = requests / span_s      (since_s = when recording began: a router up for
     slo_attainment = good / requests         3 s has no 10 s of history to divide by)
 
+The same windows give the token rates the autoscaler sizes pools from: prompt and output
+tokens of the requests that finished, per second of span.
+
 A request that failed or was refused counts as a request that missed its SLO (the client
 was not served in time); a request the client cancelled is not recorded at all. A request
 with one output token per sequence has no TPOT and meets the TPOT target by definition.
@@ -73,6 +76,8 @@ class RequestSample:
     ttft_s: float
     tpot_s: float | None = None
     failed: bool = False
+    prompt_tokens: int = 0
+    output_tokens: int = 0  # over all sequences of the request
 
     def meets(self, slo: SloConfig) -> bool:
         """Both targets met (DistServe's "good" request)."""
@@ -92,6 +97,8 @@ class GoodputFigures:
     request_rps: float
     goodput_rps: float
     slo_attainment: float | None
+    prompt_tokens_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
 
 
 def tpot_s(e2e_s: float, ttft_s: float, output_tokens: float) -> float | None:
@@ -115,16 +122,26 @@ def goodput_figures(
     if window_s <= 0:
         raise ValueError(f"window_s must be > 0, got {window_s}")
     start_s = now_s - window_s
-    requests = good = 0
+    requests = good = prompt_tokens = output_tokens = 0
     for sample in samples:
         if start_s < sample.finish_s <= now_s:
             requests += 1
             good += sample.meets(slo)
+            prompt_tokens += sample.prompt_tokens
+            output_tokens += sample.output_tokens
     span_s = window_s if since_s is None else min(window_s, now_s - since_s)
     if span_s <= 0:  # asked at the very instant recording began
         return GoodputFigures(window_s, 0.0, requests, good, 0.0, 0.0, _ratio(good, requests))
     return GoodputFigures(
-        window_s, span_s, requests, good, requests / span_s, good / span_s, _ratio(good, requests)
+        window_s,
+        span_s,
+        requests,
+        good,
+        requests / span_s,
+        good / span_s,
+        _ratio(good, requests),
+        prompt_tokens / span_s,
+        output_tokens / span_s,
     )
 
 

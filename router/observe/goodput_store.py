@@ -8,6 +8,7 @@ Keys (``<P>`` = the cluster's key prefix, default ``pdserve:``; names from
 
       router_id  slo_ttft_ms  slo_tpot_ms  updated_unix_ms  windows ("10s,60s")
       requests:<w>  good_requests:<w>  request_rps:<w>  goodput_rps:<w>  slo_attainment:<w>
+      prompt_tps:<w>  output_tps:<w>   (prompt and output tokens per second)
 
   ``<w>`` is a window label such as ``10s``; ``slo_attainment:<w>`` is absent when no
   request finished in that window.
@@ -71,6 +72,8 @@ def goodput_fields(
         fields[f"good_requests:{w}"] = str(f.good_requests)
         fields[f"request_rps:{w}"] = repr(f.request_rps)
         fields[f"goodput_rps:{w}"] = repr(f.goodput_rps)
+        fields[f"prompt_tps:{w}"] = repr(f.prompt_tokens_per_s)
+        fields[f"output_tps:{w}"] = repr(f.output_tokens_per_s)
         if f.slo_attainment is not None:
             fields[f"slo_attainment:{w}"] = repr(f.slo_attainment)
     return fields
@@ -145,6 +148,8 @@ class StoredWindow:
     request_rps: float
     goodput_rps: float
     slo_attainment: float | None
+    prompt_tokens_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -183,6 +188,8 @@ def parse_goodput(fields: dict[str, str]) -> StoredGoodput:
             request_rps=float(fields[f"request_rps:{w}"]),
             goodput_rps=float(fields[f"goodput_rps:{w}"]),
             slo_attainment=_float_or_none(fields.get(f"slo_attainment:{w}")),
+            prompt_tokens_per_s=float(fields.get(f"prompt_tps:{w}", 0.0)),
+            output_tokens_per_s=float(fields.get(f"output_tps:{w}", 0.0)),
         )
         for w in fields["windows"].split(",")
         if w

@@ -76,7 +76,12 @@ class RouterObservability:
         now_s = self.clock()
         self.metrics.observe_outcome("ok")
         self.metrics.observe_timing(timing, tpot)
-        self.goodput_window.record(RequestSample(now_s, timing.ttft_s, tpot))
+        usage = summary.usage
+        self.goodput_window.record(
+            RequestSample(
+                now_s, timing.ttft_s, tpot, False, usage.prompt_tokens, usage.completion_tokens
+            )
+        )
         self.ttft_window.add(now_s, timing.ttft_s)
         self.itl_window.add_many(now_s, timing.itl_s)
 

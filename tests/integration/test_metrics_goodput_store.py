@@ -90,6 +90,21 @@ def test_readers_drop_routers_whose_figures_expired(
     assert redis_client.smembers(f"{keys.prefix}slo:routers") == {b"r2"}
 
 
+def test_token_rates_round_trip_through_redis(redis_client: redis.Redis, keys: RedisKeys) -> None:
+    slo = SloConfig(redis_prefix=keys.prefix, windows_s=(10.0,))
+    sample = RequestSample(1.0, 0.1, 0.01, prompt_tokens=500, output_tokens=30)
+    assert GoodputStore(redis_client, slo, "r1").publish(
+        [goodput_figures([sample], slo, 2.0, 10.0)]
+    )
+    (stored,) = read_goodput(redis_client, keys.prefix)
+    (window,) = stored.windows
+    assert (window.window, window.prompt_tokens_per_s, window.output_tokens_per_s) == (
+        "10s",
+        50.0,
+        3.0,
+    )
+
+
 def test_redis_down_is_logged_once_and_recovery_once(
     redis_client: redis.Redis, keys: RedisKeys, caplog: pytest.LogCaptureFixture
 ) -> None:

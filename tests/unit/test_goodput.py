@@ -65,6 +65,21 @@ def test_window_is_half_open_and_rates_divide_by_the_window() -> None:
     assert figures.slo_attainment == pytest.approx(0.75)
 
 
+def test_token_rates_count_the_requests_of_the_window() -> None:
+    samples = [
+        RequestSample(0.0, 0.05, 0.01, prompt_tokens=999, output_tokens=999),  # left edge: out
+        RequestSample(2.0, 0.05, 0.01, prompt_tokens=300, output_tokens=40),
+        RequestSample(6.0, math.inf, failed=True),  # failed: counted as a request, no tokens
+        RequestSample(9.0, 0.05, 0.01, prompt_tokens=100, output_tokens=20),
+    ]
+    figures = goodput_figures(samples, SLO, now_s=10.0, window_s=10.0)
+    assert figures.requests == 3
+    assert figures.prompt_tokens_per_s == pytest.approx(40.0)  # 400 tokens / 10 s
+    assert figures.output_tokens_per_s == pytest.approx(6.0)
+    young = goodput_figures(samples, SLO, now_s=10.0, window_s=10.0, since_s=5.0)
+    assert young.prompt_tokens_per_s == pytest.approx(80.0)  # 400 tokens / 5 s of span
+
+
 def test_a_short_window_sees_only_the_latest_samples() -> None:
     figures = goodput_figures(_samples(), SLO, now_s=10.0, window_s=1.0)
     assert (figures.requests, figures.good_requests) == (1, 1)  # (9, 10]: 10.0 only
