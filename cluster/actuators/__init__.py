@@ -1,0 +1,25 @@
+"""Actuators: how the autoscaler's decisions become pool sizes, one per platform.
+
+An actuator sets the replica count of a pool, ``"prefill"`` or ``"decode"``: ``replicas(pool)``
+is the pool's current desired count, ``scale(pool, n)`` sets it. The planner
+(``pdserve.cluster.autoscale``) decides; an actuator only acts.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+POOLS: tuple[str, ...] = ("prefill", "decode")
+
+
+@runtime_checkable
+class Actuator(Protocol):
+    """Sets the replica count of a pool (``"prefill"`` or ``"decode"``)."""
+
+    def replicas(self, pool: str) -> int:
+        """The pool's current desired replica count."""
+        ...
+
+    def scale(self, pool: str, replicas: int) -> None:
+        """Set the pool's replica count to ``replicas`` (>= 0)."""
+        ...
