@@ -11,7 +11,14 @@ from collections.abc import Sequence
 # other threads use gRPC; the child execs at once and needs none of them.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
-from pdserve.cluster import cli_bench, cli_generate, cli_status, cli_up
+from pdserve.cluster import (
+    cli_autoscale,
+    cli_bench,
+    cli_generate,
+    cli_profile,
+    cli_status,
+    cli_up,
+)
 
 DESCRIPTION = """\
 pdserve: a disaggregated prefill/decode LLM serving cluster.
@@ -20,6 +27,8 @@ pdserve: a disaggregated prefill/decode LLM serving cluster.
   pdserve up         start a cluster: Redis, Ray, prefill/decode workers, router
   pdserve status     pools, workers and KV index of a running cluster
   pdserve scale      resize a pool of a running cluster
+  pdserve profile    measure one worker's capacity (the autoscaler sizes pools with it)
+  pdserve planner    the autoscaler on its own (Kubernetes, or its decision as metrics)
   pdserve bench      benchmarks: serving load on the router; --offline: engine vs transformers
 
 Run `pdserve COMMAND --help` for the options of a command.
@@ -37,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bench.add_parser(sub)
     cli_up.add_parser(sub)
     cli_status.add_parser(sub)
+    cli_autoscale.add_parser(sub)
+    cli_profile.add_parser(sub)
     return parser
 
 

@@ -7,10 +7,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pdserve.cluster.cli_autoscale import add_autoscale_arguments, autoscale_settings
 from pdserve.cluster.cpu_affinity import parse_cpu_affinity
 from pdserve.cluster.settings import Settings
 
 DEFAULT_STATE_FILE = Path.home() / ".pdserve" / "up.json"
+DEFAULT_PROFILE_FILE = Path.home() / ".pdserve" / "profile.json"  # `pdserve profile` writes it
 
 
 def add_parser(sub: Any) -> None:
@@ -57,6 +59,10 @@ def add_parser(sub: Any) -> None:
         help="where the endpoints go once serving (default: %(default)s)")  # fmt: skip
     add("--log-level", default=settings.log_level)
     add("--worker-log-level", default="WARNING")
+    add("--autoscale", action="store_true",
+        help="size the prefill and decode pools to the load (the planner; profile from "
+        f"--profile, else {DEFAULT_PROFILE_FILE})")  # fmt: skip
+    add_autoscale_arguments(p)
     p.set_defaults(run=run_up_command)
     _add_scale_parser(sub)
 
@@ -130,6 +136,13 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
     )
     if args.router_processes < 1:
         raise ValueError(f"--router-processes must be >= 1, got {args.router_processes}")
+    autoscale = None
+    if args.autoscale:
+        if targets.prefill == 0:
+            raise ValueError("--autoscale sizes the prefill and decode pools: give --prefill "
+                             "and --decode, not --colocated alone")  # fmt: skip
+        stored = DEFAULT_PROFILE_FILE.read_text() if DEFAULT_PROFILE_FILE.exists() else None
+        autoscale = autoscale_settings(args, stored)
     return UpConfig(
         targets=targets,
         worker=worker,
@@ -143,6 +156,7 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         ready_timeout_s=settings.ready_timeout_s,
         drain_timeout_s=settings.drain_timeout_s,
         router_processes=args.router_processes,
+        autoscale=autoscale,
     )
 
 

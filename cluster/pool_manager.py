@@ -30,10 +30,15 @@ class MemberState(StrEnum):
 
 @dataclass(slots=True, frozen=True)
 class PoolMember:
+    """``since_s``: when it entered ``state`` (monotonic clock). ``unique_blocks``: cached
+    blocks no other worker of the pool holds (the locality index): lost if it is removed."""
+
     worker_id: str
     slot: int
     state: MemberState
     running_requests: int = 0
+    since_s: float = 0.0
+    unique_blocks: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -68,9 +73,10 @@ def plan_scale(role: str, members: Sequence[PoolMember], target: int) -> ScaleDe
 
 
 def _drain_order(active: Sequence[PoolMember]) -> list[PoolMember]:
-    # Cheapest to lose first: not serving yet, then the least busy, then the newest slot.
-    def cost(m: PoolMember) -> tuple[int, int, int]:
-        return (m.state is MemberState.READY, m.running_requests, -m.slot)
+    # Cheapest to lose first: not serving yet, then the cache least held elsewhere, then the
+    # least busy, then the newest slot.
+    def cost(m: PoolMember) -> tuple[int, int, int, int]:
+        return (m.state is MemberState.READY, m.unique_blocks, m.running_requests, -m.slot)
 
     return sorted(active, key=cost)
 

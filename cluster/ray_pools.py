@@ -84,6 +84,7 @@ class _Member:
     deaths: int = 0
     hosted: HostedWorker | None = None
     last_error: str = ""
+    since_s: float = 0.0  # when it entered its state (monotonic)
 
 
 class RayWorkerPool:
@@ -95,11 +96,14 @@ class RayWorkerPool:
         self.resources = resources
         self._members: dict[str, _Member] = {}
 
-    def members(self, running: Mapping[str, int] | None = None) -> list[PoolMember]:
-        """Members with their running requests (from the registry; unknown = 0)."""
-        running = running or {}
+    def members(
+        self, running: Mapping[str, int] | None = None, unique: Mapping[str, int] | None = None
+    ) -> list[PoolMember]:
+        """Members with their running requests (from the registry) and unique cached blocks
+        (from the locality index); unknown = 0."""
+        running, unique = running or {}, unique or {}
         return [
-            PoolMember(wid, m.slot, m.state, running.get(wid, 0))
+            PoolMember(wid, m.slot, m.state, running.get(wid, 0), m.since_s, unique.get(wid, 0))
             for wid, m in sorted(self._members.items())
         ]
 
@@ -112,11 +116,13 @@ class RayWorkerPool:
         target: int,
         drain_timeout_s: float = 30.0,
         running: Mapping[str, int] | None = None,
+        unique: Mapping[str, int] | None = None,
     ) -> ScaleDecision:
-        """Start or drain workers to reach ``target`` (draining the least busy first, by
-        ``running``); returns what it did. New workers are not waited for (see
+        """Start or drain workers to reach ``target`` (draining first the one whose cache is
+        least held elsewhere, by ``unique``, then the least busy, by ``running``); returns
+        what it did. New workers are not waited for (see
         :meth:`wait_ready`); drained ones are stopped before this returns."""
-        decision = plan_scale(self.role, self.members(running), target)
+        decision = plan_scale(self.role, self.members(running, unique), target)
         for worker_id in decision.start:
             self._start(worker_id)
         for worker_id in decision.drain:
@@ -196,7 +202,7 @@ class RayWorkerPool:
         log.info("starting %s worker %s", self.role, worker_id)
 
     def _arm(self, member: _Member) -> None:
-        member.state = MemberState.STARTING
+        member.state, member.since_s = MemberState.STARTING, time.monotonic()
         member.hosted = None
         member.ready_ref = member.actor.wait_ready.remote(WATCH_FOREVER_S)
         member.watch_ref = None
@@ -212,6 +218,7 @@ class RayWorkerPool:
             return
         if kind == "ready":
             member.hosted, member.state, member.ready_ref = value, MemberState.READY, None
+            member.since_s = time.monotonic()
             member.watch_ref = member.actor.watch.remote()
             log.info("%s worker %s ready at %s (epoch %d)", self.role, value.worker_id,
                      value.address, value.epoch)  # fmt: skip

@@ -1,15 +1,21 @@
 """What `pdserve up` does while serving: keep the embedded Redis up, follow Ray's restarts
-of workers, replace lost ones and resize pools to the targets stored in Redis."""
+of workers, replace lost ones, let the autoscaler (``--autoscale``) set the targets, and
+resize pools to the targets stored in Redis."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
+import redis
+
+from pdserve.cluster.autoscaler import Autoscaler
 from pdserve.cluster.pool_control import PoolTargetStore
-from pdserve.cluster.pool_manager import PoolTargets
+from pdserve.cluster.pool_manager import MemberState, PoolTargets
 from pdserve.cluster.ray_pools import RayWorkerPool
 from pdserve.cluster.redis_server import RedisServer, RedisServerConfig
 from pdserve.cluster.router_wiring import RedisWorkerDirectory
@@ -44,35 +50,71 @@ def embedded_redis() -> Iterator[SupervisedRedis]:
         redis_sup.stop()
 
 
+UniqueBlocksFn = Callable[[Sequence[str]], dict[str, int]]
+
+
+@dataclass(slots=True)
+class Supervised:
+    """What the supervising loop looks after."""
+
+    pools: dict[str, RayWorkerPool]
+    store: PoolTargetStore
+    directory: RedisWorkerDirectory
+    unique_blocks: UniqueBlocksFn  # the locality index's, to pick whom to drain
+    embedded: SupervisedRedis | None = None
+    autoscaler: Autoscaler | None = None
+
+
 async def supervise(
     stop: asyncio.Event,
     period_s: float,
     drain_timeout_s: float,
     targets: PoolTargets,
-    pools: dict[str, RayWorkerPool],
-    store: PoolTargetStore,
-    embedded: SupervisedRedis | None,
-    directory: RedisWorkerDirectory,
+    parts: Supervised,
 ) -> None:
-    """Until ``stop``: keep Redis up, collect Ray restarts, follow the target sizes."""
+    """Until ``stop``: keep Redis up, collect Ray restarts, autoscale, follow the targets."""
     while not stop.is_set():
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), period_s)
         if stop.is_set():
             return
-        if embedded is not None:
-            embedded.ensure_running()
-        targets = store.read(targets)
-        running = {w.worker_id: w.load.running for w in directory.live_workers()}
-        for role, pool in pools.items():
-            await asyncio.to_thread(_reconcile, pool, targets.of(role), drain_timeout_s, running)
+        if parts.embedded is not None:
+            parts.embedded.ensure_running()
+        if parts.autoscaler is not None:
+            await asyncio.to_thread(_autoscale, parts.autoscaler)
+        targets = parts.store.read(targets)
+        running = {w.worker_id: w.load.running for w in parts.directory.live_workers()}
+        for role, pool in parts.pools.items():
+            await asyncio.to_thread(
+                _reconcile, pool, targets.of(role), drain_timeout_s, running, parts.unique_blocks
+            )
+
+
+def _autoscale(autoscaler: Autoscaler) -> None:
+    try:
+        autoscaler.tick(time.monotonic())
+    except (redis.RedisError, OSError) as err:  # Redis away: keep the pools as they are
+        log.warning("autoscaler skipped a decision: %r", err)
 
 
 def _reconcile(
-    pool: RayWorkerPool, target: int, drain_timeout_s: float, running: dict[str, int]
+    pool: RayWorkerPool,
+    target: int,
+    drain_timeout_s: float,
+    running: dict[str, int],
+    unique_blocks: UniqueBlocksFn,
 ) -> None:
     pool.poll()
-    decision = pool.scale_to(target, drain_timeout_s, running)
+    active = [
+        m.worker_id for m in pool.members() if m.state in (MemberState.STARTING, MemberState.READY)
+    ]
+    unique: dict[str, int] = {}
+    if len(active) > target:
+        try:
+            unique = unique_blocks(active)
+        except (redis.RedisError, OSError) as err:  # drain by load alone
+            log.warning("locality index unreadable, draining by load alone: %r", err)
+    decision = pool.scale_to(target, drain_timeout_s, running, unique)
     if not decision.is_noop:
         log.info("%s pool -> %d: start %s, drain %s", pool.role, target, decision.start,
                  decision.drain)  # fmt: skip

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import signal
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -33,14 +34,19 @@ from typing import Any
 
 import ray
 
+from pdserve.cluster.actuators import POOLS
+from pdserve.cluster.actuators.ray import PoolTargetActuator
+from pdserve.cluster.autoscaler import AutoscaleSettings, RedisClusterView, build_autoscaler
+from pdserve.cluster.locality_index import LocalityIndex
 from pdserve.cluster.pool_control import PoolTargetStore
-from pdserve.cluster.pool_manager import PoolTargets
+from pdserve.cluster.pool_manager import PoolMember, PoolTargets
 from pdserve.cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
 from pdserve.cluster.ray_pools import ActorResources, RayWorkerPool
 from pdserve.cluster.redis_server import redacted_url
+from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
 from pdserve.cluster.router_wiring import RedisWorkerDirectory
-from pdserve.cluster.supervise import SupervisedRedis, embedded_redis, supervise
+from pdserve.cluster.supervise import Supervised, SupervisedRedis, embedded_redis, supervise
 from pdserve.cluster.worker_launch import WorkerLaunch
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.router.config import RouterConfig
@@ -70,6 +76,7 @@ class UpConfig:
     drain_timeout_s: float = 30.0
     supervise_s: float = 1.0
     router_processes: int = 1  # >1: that many router processes share the ports
+    autoscale: AutoscaleSettings | None = None  # None: the pools keep their targets
 
 
 @dataclass(slots=True, frozen=True)
@@ -178,6 +185,20 @@ async def _serve(
     store = PoolTargetStore(client, RedisKeys(agent.key_prefix))
     store.write(config.targets)
     directory, locality = spec.sources(client)
+    keys = RedisKeys(agent.key_prefix)
+    index = LocalityIndex(client, keys)
+    autoscaler = None
+    if config.autoscale is not None:
+        view = RedisClusterView(
+            client,
+            agent.key_prefix,
+            WorkerRegistry(client, keys, agent.lease_s),
+            index,
+            partial(_members, pools),
+            config.autoscale.window,
+        )
+        actuator = PoolTargetActuator(store, config.targets)
+        autoscaler = build_autoscaler(config.autoscale, actuator, view)
     router_config = replace(config.router, reuse_port=config.router_processes > 1)
     service = await start_redis_router(
         spec, router_config, await asyncio.wrap_future(tokenizer), directory, locality
@@ -190,22 +211,20 @@ async def _serve(
         await _wait_registered(directory, config.targets, config.ready_timeout_s)
         endpoints = _endpoints(config, service, redis_url, ray_endpoints, routers.pids)
         _announce(endpoints, config.state_file)
-        await supervise(
-            stop,
-            config.supervise_s,
-            config.drain_timeout_s,
-            config.targets,
-            pools,
-            store,
-            embedded,
-            directory,
-        )
+        parts = Supervised(pools, store, directory, index.unique_blocks, embedded, autoscaler)
+        await supervise(stop, config.supervise_s, config.drain_timeout_s, config.targets, parts)
     finally:
         await routers.stop(grace_s=5.0)
         directory.stop()
         client.close()
         if config.state_file is not None:
             config.state_file.unlink(missing_ok=True)
+
+
+def _members(
+    pools: dict[str, RayWorkerPool], running: Mapping[str, int], unique: Mapping[str, int]
+) -> dict[str, list[PoolMember]]:
+    return {role: pools[role].members(running, unique) for role in POOLS}
 
 
 async def _wait_registered(

@@ -23,3 +23,20 @@ class Actuator(Protocol):
     def scale(self, pool: str, replicas: int) -> None:
         """Set the pool's replica count to ``replicas`` (>= 0)."""
         ...
+
+
+class MetricsOnlyActuator:
+    """Acts on nothing: remembers the desired counts, which the planner's metrics export
+    (``pdserve_planner_desired_replicas``) for an HPA or KEDA to act on."""
+
+    def __init__(self, initial: int = 1) -> None:
+        self._replicas = dict.fromkeys(POOLS, initial)
+
+    def replicas(self, pool: str) -> int:
+        return self._replicas[pool]
+
+    def scale(self, pool: str, replicas: int) -> None:
+        if pool not in POOLS or replicas < 0:
+            raise ValueError(f"need a pool in {list(POOLS)} and replicas >= 0, got {pool!r}, "
+                             f"{replicas}")  # fmt: skip
+        self._replicas[pool] = replicas

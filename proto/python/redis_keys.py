@@ -25,6 +25,7 @@ INDEX_SLOTS = "idx:slots"
 POOL_TARGET = "pool_target"
 SLO_ROUTER_NS = "slo:router:"
 SLO_ROUTERS_SET = "slo:routers"
+CAPACITY_PROFILE = "autoscale:profile"
 
 # Substituted into Lua script templates ($worker_ns ...), so scripts and Python agree.
 LUA_NAMESPACES: dict[str, str] = {
@@ -138,6 +139,12 @@ class RedisKeys:
         """HASH: role (prefill, decode, colocated) -> target worker count; no TTL. Written by
         ``pdserve up`` at start and by ``pdserve scale`` / an autoscaler; ``up`` follows it."""
         return self.prefix + POOL_TARGET
+
+    @property
+    def capacity_profile(self) -> str:
+        """STRING: JSON of the measured per-worker capacity the autoscaler sizes pools with;
+        no TTL. Written by ``pdserve profile --redis-url``, read by ``pdserve planner``."""
+        return self.prefix + CAPACITY_PROFILE
 
     def slo_router(self, router_id: str) -> str:
         """HASH: one router's latest SLO/goodput figures; expires 3 publish intervals after

@@ -21,8 +21,8 @@ from pdserve.cluster.settings import Settings
 S, R, D, F = MemberState.STARTING, MemberState.READY, MemberState.DRAINING, MemberState.FAILED
 
 
-def m(slot: int, state: MemberState, running: int = 0) -> PoolMember:
-    return PoolMember(f"prefill-{slot}", slot, state, running)
+def m(slot: int, state: MemberState, running: int = 0, unique: int = 0) -> PoolMember:
+    return PoolMember(f"prefill-{slot}", slot, state, running, unique_blocks=unique)
 
 
 def test_empty_pool_starts_slots_from_zero() -> None:
@@ -53,6 +53,14 @@ def test_scale_down_drains_starting_then_least_busy_then_newest() -> None:
         "prefill-1",
         "prefill-0",
     )
+
+
+def test_scale_down_keeps_the_cache_that_only_one_worker_holds() -> None:
+    # prefill-0 is idle but alone holds 40 cached blocks; prefill-1 is busier, holds none
+    # that others lack: losing prefill-1 costs its running requests' drain, not recomputation.
+    members = [m(0, R, running=0, unique=40), m(1, R, running=2, unique=0), m(2, R, unique=3)]
+    assert plan_scale("prefill", members, 2) == ScaleDecision(drain=("prefill-1",))
+    assert plan_scale("prefill", members, 1) == ScaleDecision(drain=("prefill-1", "prefill-2"))
 
 
 def test_bad_targets_are_rejected_with_actionable_messages() -> None:

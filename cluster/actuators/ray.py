@@ -1,0 +1,41 @@
+"""The local (Ray) actuator: a pool's size is its target in Redis, which `pdserve up` follows.
+
+Writing a target is what `pdserve scale` does: the supervising loop of `pdserve up`
+(cluster/supervise.py) starts workers or drains the ones whose cache is least held elsewhere
+until the pool matches.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pdserve.cluster.actuators import POOLS
+from pdserve.cluster.pool_control import PoolTargetStore
+from pdserve.cluster.pool_manager import PoolTargets
+
+log = logging.getLogger("pdserve.autoscale.ray")
+
+
+class PoolTargetActuator:
+    """An ``Actuator`` over the pool targets in Redis; ``fallback`` while none are stored."""
+
+    def __init__(self, store: PoolTargetStore, fallback: PoolTargets) -> None:
+        self._store = store
+        self._targets = fallback
+
+    def replicas(self, pool: str) -> int:
+        self._targets = self._store.read(self._targets)
+        return self._targets.of(_check_pool(pool))
+
+    def scale(self, pool: str, replicas: int) -> None:
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas} for the {pool} pool")
+        current = self._store.read(self._targets)
+        self._targets = self._store.set(_check_pool(pool), replicas, current)
+        log.info("%s pool target %d -> %d", pool, current.of(pool), replicas)
+
+
+def _check_pool(pool: str) -> str:
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {list(POOLS)}, got {pool!r}")
+    return pool

@@ -1,0 +1,145 @@
+"""`pdserve planner`: the autoscaler on its own (on Kubernetes, or publishing its decision as
+metrics only), and the autoscaling flags it shares with `pdserve up --autoscale`.
+
+The capacity profile comes from `pdserve profile`: a file (``--profile``) or, without one,
+the profile that `pdserve profile --redis-url` stored in the cluster's Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pdserve.cluster.settings import Settings
+
+if TYPE_CHECKING:
+    from pdserve.cluster.actuators import Actuator
+    from pdserve.cluster.autoscaler import AutoscaleSettings
+    from pdserve.cluster.pool_manager import PoolMember
+
+log = logging.getLogger("pdserve.autoscale")
+
+
+def add_autoscale_arguments(p: argparse.ArgumentParser) -> None:
+    add = p.add_argument
+    add("--profile", type=Path, default=None,
+        help="capacity profile from `pdserve profile` (default: the one in Redis)")  # fmt: skip
+    add("--min-prefill", type=int, default=1, help="autoscaling: fewest prefill workers")
+    add("--max-prefill", type=int, default=8, help="autoscaling: most prefill workers")
+    add("--min-decode", type=int, default=1, help="autoscaling: fewest decode workers")
+    add("--max-decode", type=int, default=8, help="autoscaling: most decode workers")
+    add("--load-window", default="10s",
+        help="which of the routers' goodput windows gives the load (default 10s)")  # fmt: skip
+    add("--planner-metrics-port", type=int, default=None, metavar="PORT",
+        help="serve pdserve_planner_* on PORT (0: any free port; -1: none)")  # fmt: skip
+
+
+def autoscale_settings(args: argparse.Namespace, stored_profile: str | None) -> AutoscaleSettings:
+    """Flags -> settings; ``stored_profile`` is the JSON in Redis, used when no file is
+    given (ValueError, saying how to make one, when there is neither)."""
+    from pdserve.cluster.autoscale import CapacityProfile, PlannerConfig, PoolLimits
+    from pdserve.cluster.autoscaler import AutoscaleSettings
+
+    text = args.profile.read_text() if args.profile is not None else stored_profile
+    if text is None:
+        raise ValueError(
+            "no capacity profile: run `pdserve profile --redis-url URL` once (it measures a "
+            "worker of this machine and stores the result), or pass --profile FILE"
+        )
+    port = args.planner_metrics_port
+    planner = PlannerConfig(
+        prefill=PoolLimits(args.min_prefill, args.max_prefill),
+        decode=PoolLimits(args.min_decode, args.max_decode),
+    )
+    return AutoscaleSettings(
+        planner,
+        CapacityProfile.from_dict(json.loads(text)["profile"]),
+        window=args.load_window,
+        metrics_host=getattr(args, "metrics_host", "127.0.0.1"),
+        metrics_port=None if port is None or port < 0 else port,
+    )
+
+
+def add_parser(sub: Any) -> None:
+    settings = Settings.from_env()
+    p = sub.add_parser(
+        "planner",
+        help="the autoscaler on its own: scale Kubernetes workloads, or export its decision",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = p.add_argument
+    add("--apply", choices=["kubernetes", "metrics"], default="kubernetes",
+        help="kubernetes: set the two Deployments' replicas; metrics: only export "
+        "pdserve_planner_desired_replicas (for an HPA or KEDA)")  # fmt: skip
+    add("--namespace", default="default")
+    add("--prefill-deployment", default="pdserve-prefill")
+    add("--decode-deployment", default="pdserve-decode")
+    add("--kubernetes-host", default=None, metavar="URL",
+        help="the API server at URL without credentials (e.g. `kubectl proxy`); default: the "
+        "pod's service account")  # fmt: skip
+    add("--redis-url", default=settings.redis_url, help="the cluster's Redis (PDSERVE_REDIS_URL)")
+    add("--key-prefix", default=settings.key_prefix)
+    add("--interval-s", type=float, default=5.0, help="seconds between decisions")
+    add("--host", dest="metrics_host", default="0.0.0.0", help="address of /metrics")
+    add("--metrics-port", dest="planner_metrics_port", type=int, default=9400)
+    add("--log-level", default=settings.log_level)
+    add_autoscale_arguments(p)
+    p.set_defaults(run=run_planner)
+
+
+def run_planner(args: argparse.Namespace) -> int:
+    """Decide every ``--interval-s`` until killed."""
+    import redis
+
+    from pdserve.cluster.autoscaler import OrderedReplicas, RedisClusterView, build_autoscaler
+    from pdserve.cluster.locality_index import LocalityIndex
+    from pdserve.cluster.registry import WorkerRegistry
+    from pdserve.proto.redis_keys import RedisKeys
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not args.redis_url:
+        raise ValueError("--redis-url (or PDSERVE_REDIS_URL) is required")
+    client = redis.Redis.from_url(args.redis_url, socket_timeout=2.0, decode_responses=False)
+    keys = RedisKeys(args.key_prefix)
+    stored = client.get(keys.capacity_profile)
+    text = stored.decode() if isinstance(stored, bytes) else stored
+    settings = autoscale_settings(args, text)
+    ordered = OrderedReplicas(_actuator(args))
+    registry = WorkerRegistry(client, keys, Settings.from_env().lease_s)
+
+    def members(
+        running: Mapping[str, int], unique: Mapping[str, int]
+    ) -> dict[str, list[PoolMember]]:
+        return ordered.members(registry.list_workers(), running, unique)
+
+    index = LocalityIndex(client, keys)
+    view = RedisClusterView(client, args.key_prefix, registry, index, members, settings.window)
+    autoscaler = build_autoscaler(settings, ordered.actuator, view)
+    while True:
+        try:
+            ordered.refresh(time.monotonic())
+            autoscaler.tick(time.monotonic())
+        except (redis.RedisError, OSError) as err:
+            log.warning("no decision this interval: %r", err)
+        time.sleep(args.interval_s)
+
+
+def _actuator(args: argparse.Namespace) -> Actuator:
+    from pdserve.cluster.actuators import MetricsOnlyActuator
+
+    if args.apply == "metrics":
+        return MetricsOnlyActuator()
+    from pdserve.cluster.actuators.kubernetes import KubernetesActuator, KubernetesActuatorConfig
+
+    config = KubernetesActuatorConfig(
+        args.namespace, args.prefill_deployment, args.decode_deployment, host=args.kubernetes_host
+    )
+    return KubernetesActuator.from_config(config)

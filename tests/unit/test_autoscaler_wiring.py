@@ -1,0 +1,160 @@
+"""The autoscaler's wiring, without Redis: routers' figures -> load, members -> the
+planner's workers, orders -> starting placeholders, decisions -> metrics and actions."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from pdserve.cluster.actuators import Actuator, MetricsOnlyActuator
+from pdserve.cluster.autoscale import (
+    CapacityProfile,
+    ClusterObservation,
+    DecodePoint,
+    LoadSample,
+    Planner,
+    PlannerConfig,
+    PoolLimits,
+)
+from pdserve.cluster.autoscaler import (
+    Autoscaler,
+    OrderedReplicas,
+    PlannerMetrics,
+    RouterLoad,
+    cluster_observation,
+    router_load,
+)
+from pdserve.cluster.cli_profile import decode_point, prefill_rate
+from pdserve.cluster.pool_manager import MemberState, PoolMember
+from pdserve.engine.engine import StepRecord
+from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
+from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
+from pdserve.router.observe.goodput_store import StoredGoodput, StoredWindow
+
+
+def _router(router_id: str, **w10: float) -> StoredGoodput:
+    ten = StoredWindow("10s", int(w10["requests"]), int(w10["good"]), w10["rps"], 0.0, None,
+                       w10["prompt_tps"], w10["output_tps"])  # fmt: skip
+    sixty = StoredWindow("60s", 999, 0, 99.0, 0.0, None, 9e6, 9e6)
+    return StoredGoodput(router_id, 0, 1000.0, 100.0, (ten, sixty))
+
+
+def test_router_load_adds_rates_and_pools_attainment() -> None:
+    routers = [
+        _router("a", requests=30, good=27, rps=3.0, prompt_tps=600.0, output_tps=90.0),
+        _router("b", requests=10, good=5, rps=1.0, prompt_tps=400.0, output_tps=10.0),
+    ]
+    load = router_load(routers, "10s")
+    assert load.load == LoadSample(4.0, 250.0, 25.0)  # per request: 1000/4 in, 100/4 out
+    assert load.slo_attainment == pytest.approx(32 / 40)
+    assert router_load([], "10s") == RouterLoad(LoadSample(0.0, 0.0, 0.0), None)
+
+
+def test_cluster_observation_joins_members_with_the_registry() -> None:
+    members = {
+        "prefill": [PoolMember("p0", 0, MemberState.READY, 2, 5.0, unique_blocks=7)],
+        "decode": [
+            PoolMember("d0", 0, MemberState.READY, 1, 1.0),
+            PoolMember("d1", 1, MemberState.STARTING, 0, 9.0),  # not registered yet
+        ],
+    }
+    load = WorkerLoad(waiting=3, running=2, free_blocks=10,
+                      extra=(("cached_blocks", 40.0), ("kv_usage", 0.75)))  # fmt: skip
+    workers = [WorkerInfo("p0", WorkerRole.PREFILL, "h:1", load=load)]
+    observed = cluster_observation(RouterLoad(LoadSample(1.0, 2.0, 3.0), 0.5), members, workers)
+    (p0,) = observed.prefill.workers
+    assert (p0.state, p0.since_s, p0.running_requests, p0.waiting_requests) == (
+        MemberState.READY,
+        5.0,
+        2,
+        3,
+    )
+    assert (p0.kv_usage, p0.cached_blocks, p0.unique_blocks) == (0.75, 40, 7)
+    assert [w.worker_id for w in observed.decode.workers] == ["d0", "d1"]
+    assert observed.decode.workers[1].state is MemberState.STARTING
+    assert observed.prefill.slo_attainment == observed.decode.slo_attainment == 0.5
+
+
+def test_ordered_replicas_stand_in_for_workers_still_starting() -> None:
+    actuator = MetricsOnlyActuator(initial=1)
+    ordered = OrderedReplicas(actuator)
+    ordered.refresh(10.0)
+    actuator.scale("decode", 3)
+    ordered.refresh(20.0)  # two more decode replicas ordered at 20 s
+    workers = [WorkerInfo("d-a", WorkerRole.DECODE, "h:1"), WorkerInfo("p-a", "prefill", "h:2")]
+    members = ordered.members(workers, {"d-a": 4}, {"d-a": 2})
+    assert [(m.worker_id, m.state, m.since_s) for m in members["decode"]] == [
+        ("d-a", MemberState.READY, 0.0),
+        ("decode-ordered-1", MemberState.STARTING, 20.0),
+        ("decode-ordered-2", MemberState.STARTING, 20.0),
+    ]
+    assert (members["decode"][0].running_requests, members["decode"][0].unique_blocks) == (4, 2)
+    assert [m.worker_id for m in members["prefill"]] == ["p-a"]
+    ordered.refresh(30.0)  # no new order: the placeholders keep their start time
+    assert ordered.since_s == 20.0
+
+
+def test_metrics_only_actuator_refuses_other_pools() -> None:
+    actuator = MetricsOnlyActuator()
+    assert isinstance(actuator, Actuator)
+    with pytest.raises(ValueError, match="pool"):
+        actuator.scale("colocated", 2)
+    with pytest.raises(ValueError, match="replicas >= 0"):
+        actuator.scale("decode", -1)
+
+
+PROFILE = CapacityProfile(
+    1000.0, (DecodePoint(1, 50.0, 0.02), DecodePoint(8, 200.0, 0.04)), 8, 10.0
+)
+
+
+def test_a_tick_scales_the_changed_pool_and_exports_the_decision() -> None:
+    limits = PoolLimits(1, 6, max_step_up=5)
+    planner = Planner(PlannerConfig(prefill=limits, decode=limits), PROFILE)
+    actuator = MetricsOnlyActuator(initial=1)
+    metrics = PlannerMetrics()
+    one = {role: [PoolMember(f"{role}-0", 0, MemberState.READY)] for role in ("prefill", "decode")}
+    # 4 requests/s of 100 prompt and 100 output tokens: 400 output tokens/s need
+    # ceil(400 / (200 * 0.8)) = 3 decode workers; 400 prompt tokens/s fit one prefill worker.
+    busy = RouterLoad(LoadSample(4.0, 100.0, 100.0), 1.0)
+
+    def observe(now_s: float) -> ClusterObservation:
+        return cluster_observation(busy, one, [])
+
+    autoscaler = Autoscaler(planner, actuator, observe, metrics.record)
+    decision = autoscaler.tick(0.0)
+    for now_s in range(5, 40, 5):  # the forecaster needs a few samples
+        if decision.changed:
+            break
+        decision = autoscaler.tick(float(now_s))
+    assert (decision.decode.current_replicas, decision.decode.replicas) == (1, 3)
+    assert not decision.prefill.changed
+    assert actuator.replicas("decode") == 3 and actuator.replicas("prefill") == 1
+    text = generate_latest(metrics.registry).decode()
+    assert 'pdserve_planner_desired_replicas{pool="decode"} 3.0' in text
+    assert 'pdserve_planner_changes_total{direction="up",pool="decode"} 1.0' in text
+
+
+def _step(chunks: list[tuple[int, int]], step_s: float) -> StepRecord:
+    plan = BatchPlan(tuple(
+        ScheduledChunk(f"s{i}", tuple(range(n)), start, (0,), True)
+        for i, (n, start) in enumerate(chunks)
+    ))  # fmt: skip
+    return StepRecord(plan, None, step_s)  # type: ignore[arg-type]
+
+
+def test_profile_reads_prefill_and_decode_steps_apart() -> None:
+    records = [
+        _step([(512, 0)], 0.5),  # prefill
+        _step([(256, 512)], 0.25),  # a later chunk of the same prompt: prefill too
+        _step([(1, 512), (1, 40)], 0.02),  # decode of 2
+        _step([(1, 513), (1, 41)], 0.04),
+        _step([(1, 514), (1, 42)], 0.03),
+        _step([(1, 515)], 0.01),  # decode of 1
+        _step([(1, 516), (64, 0)], 0.3),  # mixed: neither
+    ]
+    assert prefill_rate(records) == pytest.approx(768 / 0.75)
+    point = decode_point(records, 2)
+    assert (point.batch_size, point.itl_s, point.tokens_per_s) == (2, 0.03, pytest.approx(2 / 0.03))
+    with pytest.raises(ValueError, match="no decode step ran 4 sequences"):
+        decode_point(records, 4)
