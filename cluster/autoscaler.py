@@ -68,15 +68,22 @@ class RouterLoad:
 
 
 def router_load(goodput: Sequence[StoredGoodput], window: str) -> RouterLoad:
-    """Rates add up over routers; attainment is good over all requests (pure)."""
+    """Rates add up over routers; attainment is good over all requests (pure).
+
+    A router younger than the window divides by the time it has been up: its first requests
+    look like a burst. Here every rate is over the whole window instead, so a router that
+    just started reads low (the load shows as the window fills), never high.
+    """
     rps = prompt_tps = output_tps = 0.0
     requests = good = 0
+    window_s = float(window.removesuffix("s"))
     for router in goodput:
         for w in router.windows:
             if w.window == window:
-                rps += w.request_rps
-                prompt_tps += w.prompt_tokens_per_s
-                output_tps += w.output_tokens_per_s
+                share = min(1.0, w.span_s / window_s) if w.span_s > 0 else 1.0
+                rps += w.request_rps * share
+                prompt_tps += w.prompt_tokens_per_s * share
+                output_tps += w.output_tokens_per_s * share
                 requests += w.requests
                 good += w.good_requests
     attainment = good / requests if requests else None

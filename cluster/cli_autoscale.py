@@ -33,6 +33,12 @@ def add_autoscale_arguments(p: argparse.ArgumentParser) -> None:
     add("--max-prefill", type=int, default=8, help="autoscaling: most prefill workers")
     add("--min-decode", type=int, default=1, help="autoscaling: fewest decode workers")
     add("--max-decode", type=int, default=8, help="autoscaling: most decode workers")
+    add("--scale-up-cooldown-s", type=float, default=30.0,
+        help="seconds between scale-ups, unless KV or the queue runs out (default 30)")  # fmt: skip
+    add("--scale-down-cooldown-s", type=float, default=120.0,
+        help="seconds after any change before a scale-down (default 120)")  # fmt: skip
+    add("--scale-down-after-s", type=float, default=60.0,
+        help="how long the load must fit one replica fewer first (default 60)")  # fmt: skip
     add("--load-window", default="10s",
         help="which of the routers' goodput windows gives the load (default 10s)")  # fmt: skip
     add("--planner-metrics-port", type=int, default=None, metavar="PORT",
@@ -55,6 +61,9 @@ def autoscale_settings(args: argparse.Namespace, stored_profile: str | None) -> 
     planner = PlannerConfig(
         prefill=PoolLimits(args.min_prefill, args.max_prefill),
         decode=PoolLimits(args.min_decode, args.max_decode),
+        scale_up_cooldown_s=args.scale_up_cooldown_s,
+        scale_down_cooldown_s=args.scale_down_cooldown_s,
+        scale_down_sustain_s=args.scale_down_after_s,
     )
     return AutoscaleSettings(
         planner,

@@ -142,6 +142,9 @@ def _interrupt_on_sigterm() -> None:
 
 def _start_ray(config: UpConfig) -> RayEndpoints:
     workers = sum(config.targets.of(role) for role in ROLES)
+    if config.autoscale is not None:  # room for the largest pools the planner may ask for
+        limits = (config.autoscale.planner.prefill, config.autoscale.planner.decode)
+        workers = max(workers, sum(limit.max_replicas for limit in limits))
     cpus = max(float(os.cpu_count() or 1), workers * config.resources.num_cpus)
     return start_or_join_ray(config.ray_address, cpus, config.include_dashboard)
 

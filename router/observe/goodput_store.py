@@ -9,6 +9,8 @@ Keys (``<P>`` = the cluster's key prefix, default ``pdserve:``; names from
       router_id  slo_ttft_ms  slo_tpot_ms  updated_unix_ms  windows ("10s,60s")
       requests:<w>  good_requests:<w>  request_rps:<w>  goodput_rps:<w>  slo_attainment:<w>
       prompt_tps:<w>  output_tps:<w>   (prompt and output tokens per second)
+      span_s:<w>   (seconds the rates divide by: less than the window while the router is
+                    younger than it)
 
   ``<w>`` is a window label such as ``10s``; ``slo_attainment:<w>`` is absent when no
   request finished in that window.
@@ -74,6 +76,7 @@ def goodput_fields(
         fields[f"goodput_rps:{w}"] = repr(f.goodput_rps)
         fields[f"prompt_tps:{w}"] = repr(f.prompt_tokens_per_s)
         fields[f"output_tps:{w}"] = repr(f.output_tokens_per_s)
+        fields[f"span_s:{w}"] = repr(f.span_s)
         if f.slo_attainment is not None:
             fields[f"slo_attainment:{w}"] = repr(f.slo_attainment)
     return fields
@@ -150,6 +153,7 @@ class StoredWindow:
     slo_attainment: float | None
     prompt_tokens_per_s: float = 0.0
     output_tokens_per_s: float = 0.0
+    span_s: float = 0.0  # what the rates divide by (< the window while the router is young)
 
 
 @dataclass(slots=True, frozen=True)
@@ -190,6 +194,7 @@ def parse_goodput(fields: dict[str, str]) -> StoredGoodput:
             slo_attainment=_float_or_none(fields.get(f"slo_attainment:{w}")),
             prompt_tokens_per_s=float(fields.get(f"prompt_tps:{w}", 0.0)),
             output_tokens_per_s=float(fields.get(f"output_tps:{w}", 0.0)),
+            span_s=float(fields.get(f"span_s:{w}", 0.0)),
         )
         for w in fields["windows"].split(",")
         if w

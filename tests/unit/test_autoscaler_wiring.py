@@ -50,6 +50,14 @@ def test_router_load_adds_rates_and_pools_attainment() -> None:
     assert router_load([], "10s") == RouterLoad(LoadSample(0.0, 0.0, 0.0), None)
 
 
+def test_a_router_younger_than_the_window_reads_low_not_high() -> None:
+    # Up for 2 s of a 10 s window, it divided 2 requests by 2 s: 1 request/s.
+    young = StoredWindow("10s", 2, 2, 1.0, 1.0, 1.0, 50.0, 10.0, span_s=2.0)
+    load = router_load([StoredGoodput("r", 0, 1000.0, 100.0, (young,))], "10s")
+    assert load.load.request_rate_per_s == pytest.approx(0.2)  # 2 requests over 10 s
+    assert load.load.input_tokens_per_s == pytest.approx(10.0)
+
+
 def test_cluster_observation_joins_members_with_the_registry() -> None:
     members = {
         "prefill": [PoolMember("p0", 0, MemberState.READY, 2, 5.0, unique_blocks=7)],
