@@ -16,6 +16,7 @@ from pdserve.cluster import (
     cli_bench,
     cli_generate,
     cli_profile,
+    cli_serve,
     cli_status,
     cli_up,
 )
@@ -27,6 +28,8 @@ pdserve: a disaggregated prefill/decode LLM serving cluster.
   pdserve up         start a cluster: Redis, Ray, prefill/decode workers, router
   pdserve status     pools, workers and KV index of a running cluster
   pdserve scale      resize a pool of a running cluster
+  pdserve router     one router over the cluster's Redis (a Kubernetes pod's command)
+  pdserve worker     one worker that registers in the cluster's Redis (likewise)
   pdserve profile    measure one worker's capacity (the autoscaler sizes pools with it)
   pdserve planner    the autoscaler on its own (Kubernetes, or its decision as metrics)
   pdserve bench      benchmarks: serving load on the router; --offline: engine vs transformers
@@ -46,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_bench.add_parser(sub)
     cli_up.add_parser(sub)
     cli_status.add_parser(sub)
+    cli_serve.add_parsers(sub)
     cli_autoscale.add_parser(sub)
     cli_profile.add_parser(sub)
     return parser
@@ -56,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # its options, --help included, are the bench program's
         cli_bench.exec_bench(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "passthrough", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     if args.command is None:
         parser.print_help()
         return 2

@@ -53,6 +53,7 @@ class WorkerSpec:
     role: str
     worker_id: str
     host: str = "127.0.0.1"
+    port: int = 0  # 0: a free port
     model: str = "smollm2-135m-instruct"
     dtype: str = "float32"
     kv_backend: str = "nixl"
@@ -60,10 +61,10 @@ class WorkerSpec:
     torch_threads: int = 1  # 0: torch's default
     grace_s: float = 5.0
 
-    def server_args(self, port: int = 0) -> list[str]:
+    def server_args(self) -> list[str]:
         return [
             "--role", self.role, "--worker-id", self.worker_id, "--host", self.host,
-            "--port", str(port), "--model", self.model, "--dtype", self.dtype,
+            "--port", str(self.port), "--model", self.model, "--dtype", self.dtype,
             "--kv-backend", self.kv_backend, "--grace-s", str(self.grace_s),
             *self.extra_args,
         ]  # fmt: skip

@@ -279,7 +279,7 @@ def test_router_deployment_and_service() -> None:
 def test_workers_run_the_worker_server_with_grpc_probes(pool: str) -> None:
     docs = render({})
     worker = container(docs, pool)
-    assert worker["command"] == ["python", "-m", "pdserve.worker.server"]
+    assert worker["command"] == ["pdserve"] and worker["args"][0] == "worker"
     assert arg_value(worker, "--role") == pool
     assert arg_value(worker, "--host") == "$(POD_IP)"
     assert arg_value(worker, "--worker-id") == "$(POD_NAME)"
@@ -297,16 +297,25 @@ def test_workers_run_the_worker_server_with_grpc_probes(pool: str) -> None:
     assert headless["spec"]["clusterIP"] == "None"
 
 
-def test_worker_flags_exist_in_the_worker_server() -> None:
-    """Every flag the chart passes to a worker is one `python -m pdserve.worker.server` has."""
-    from pdserve.worker.server import build_parser
+def test_every_command_the_chart_runs_parses_with_the_real_cli() -> None:
+    """Router, workers and planner: `pdserve`'s own parser takes each rendered command line
+    (a worker's flags beyond `pdserve worker`'s go to the worker server, whose parser takes
+    them too)."""
+    from pdserve.cluster.cli import build_parser
+    from pdserve.worker.server import build_parser as worker_server_parser
 
-    known = {o for action in build_parser()._actions for o in action.option_strings}
     for values_file in ALL_VALUES:
-        for pool in POOLS:
-            worker = container(render(load_values(values_file)), pool)
-            for arg in worker["args"]:
-                assert arg.split("=", 1)[0] in known, f"{values_file}: {arg}"
+        docs = render(load_values(values_file))
+        for kind in ("router", *POOLS, "planner"):
+            found = [c for _, c in containers(docs) if c["name"] == kind]
+            for c in found:
+                assert c["command"] == ["pdserve"], (values_file, kind)
+                args, extra = build_parser().parse_known_args(c["args"])
+                assert args.command == c["args"][0], (values_file, kind)
+                if kind in POOLS:
+                    worker_server_parser().parse_args(["--role", args.role, *extra])
+                else:
+                    assert extra == [], (values_file, kind, extra)
 
 
 def test_no_gpu_is_requested_by_default() -> None:
