@@ -13,7 +13,9 @@ finished in the half-open interval ``(now_s - W, now_s]``:
     slo_attainment = good / requests         3 s has no 10 s of history to divide by)
 
 The same windows give the token rates the autoscaler sizes pools from: prompt and output
-tokens of the requests that finished, per second of span.
+tokens of the requests that finished, per second of span. A request refused or failed
+counts with what it asked for (its prompt, and its ``max_tokens`` as output): turned-away
+load is load the pools should have served.
 
 A request that failed or was refused counts as a request that missed its SLO (the client
 was not served in time); a request the client cancelled is not recorded at all. A request

@@ -85,12 +85,18 @@ class RouterObservability:
         self.ttft_window.add(now_s, timing.ttft_s)
         self.itl_window.add_many(now_s, timing.itl_s)
 
-    def record_failure(self, outcome: str, misses_slo: bool) -> None:
+    def record_failure(
+        self, outcome: str, misses_slo: bool, demand: tuple[int, int] = (0, 0)
+    ) -> None:
         """A request that did not complete. ``misses_slo``: counts against SLO attainment
-        (errors and overload refusals do; client cancellations and bad input do not)."""
+        (errors and overload refusals do; client cancellations and bad input do not).
+        ``demand``: the prompt and output tokens it asked for, counted in the token rates so
+        that load turned away still shows."""
         self.metrics.observe_outcome(outcome)
         if misses_slo:
-            self.goodput_window.record(RequestSample(self.clock(), math.inf, failed=True))
+            prompt_tokens, output_tokens = demand
+            sample = RequestSample(self.clock(), math.inf, None, True, prompt_tokens, output_tokens)
+            self.goodput_window.record(sample)
 
     # -- LiveSource ------------------------------------------------------------------------
 

@@ -76,11 +76,17 @@ class _RequestWatch:
         if isinstance(err, GeneratorExit | asyncio.CancelledError):
             self.obs.record_failure("cancelled", misses_slo=False)
         elif isinstance(err, OverloadedError):
-            self.obs.record_failure("rejected", misses_slo=True)
+            self.obs.record_failure("rejected", misses_slo=True, demand=self._demand())
         elif isinstance(err, InvalidRequestError):
             self.obs.record_failure("rejected", misses_slo=False)
         else:
-            self.obs.record_failure("error", misses_slo=True)
+            self.obs.record_failure("error", misses_slo=True, demand=self._demand())
+
+    def _demand(self) -> tuple[int, int]:
+        """What a request that was not served asked for: its prompt and, at most, its
+        output tokens (the autoscaler must see load it turned away)."""
+        params = self.inp.params
+        return len(self.inp.prompt_token_ids), params.max_tokens * params.n
 
     def closed(self) -> None:
         if not self.done:  # closed between events without an exception reaching us
