@@ -1,0 +1,81 @@
+"""Plots (matplotlib, Agg): per trace, replicas per pool and SLO attainment over time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pdserve.bench.autoscale_sim.distserve import Comparison
+from pdserve.bench.autoscale_sim.metrics import RunResult
+
+STYLES = {  # (color, line style)
+    "fixed (peak)": ("tab:gray", "-"),
+    "pdserve planner": ("tab:blue", "-"),
+    "reactive (llm-d-like)": ("tab:orange", "-"),
+    "throughput (DynamO-like)".replace("O", "o"): ("tab:green", "-"),
+    "pdserve planner, arrival load": ("tab:purple", "--"),
+    "throughput (Dynamo-like) ÷ 0.8": ("tab:red", "--"),
+    "reactive oracle (knows the rate)": ("black", "-."),
+}
+
+
+def plot_trace(results: Sequence[RunResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (prefill, decode, slo) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
+    needed = results[0].needed
+    if needed:
+        hours = [t / 3600 for t, _, _ in needed]
+        prefill.plot(hours, [p for _, p, _ in needed], "k:", lw=1, label="needed (rate)")
+        decode.plot(hours, [d for _, _, d in needed], "k:", lw=1, label="needed (rate)")
+    for r in results:
+        color, line = STYLES.get(r.policy, (None, "-"))
+        style = {"color": color, "ls": line, "lw": 1.2, "label": r.policy}
+        hours = [t / 3600 for t, *_ in r.series]
+        prefill.plot(hours, [s[1] for s in r.series], **style)
+        decode.plot(hours, [s[2] for s in r.series], **style)
+        minutes = [(m + 0.5) / 60 for m, a in enumerate(r.minute_attainment) if a is not None]
+        values = [100 * a for a in r.minute_attainment if a is not None]
+        slo.plot(minutes, values, **style)
+    prefill.set_ylabel("prefill workers")
+    decode.set_ylabel("decode workers")
+    slo.set_ylabel("SLO met (%), by arrival minute")
+    slo.set_xlabel("simulated hours")
+    slo.set_ylim(-2, 102)
+    prefill.legend(fontsize=8, loc="upper left")
+    prefill.set_title(f"{results[0].trace}: workers (starting, ready, draining) and SLO")
+    for ax in (prefill, decode, slo):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_distserve(rows: Sequence[Comparison], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{c.mix}\nN={c.workers}" for c in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
+    ax.bar(
+        [i - 0.2 for i in x],
+        [c.disaggregated_rps / c.workers for c in rows],
+        0.4,
+        label="disaggregated, best P:D",
+    )
+    ax.bar(
+        [i + 0.2 for i in x], [c.colocated_rps / c.workers for c in rows], 0.4, label="colocated"
+    )
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("goodput per worker (req/s, ≥ 90% in SLO)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
