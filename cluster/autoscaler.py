@@ -65,6 +65,8 @@ class RouterLoad:
 
     load: LoadSample
     slo_attainment: float | None
+    ttft_s: float | None = None  # mean over the requests served, weighted by router
+    tpot_s: float | None = None
 
 
 def router_load(goodput: Sequence[StoredGoodput], window: str) -> RouterLoad:
@@ -76,6 +78,8 @@ def router_load(goodput: Sequence[StoredGoodput], window: str) -> RouterLoad:
     """
     rps = prompt_tps = output_tps = 0.0
     requests = good = 0
+    ttft = _WeightedMean()
+    tpot = _WeightedMean()
     window_s = float(window.removesuffix("s"))
     for router in goodput:
         for w in router.windows:
@@ -86,8 +90,26 @@ def router_load(goodput: Sequence[StoredGoodput], window: str) -> RouterLoad:
                 output_tps += w.output_tokens_per_s * share
                 requests += w.requests
                 good += w.good_requests
+                ttft.add(w.ttft_mean_s, w.requests)
+                tpot.add(w.tpot_mean_s, w.requests)
     attainment = good / requests if requests else None
-    return RouterLoad(LoadSample.from_rates(rps, prompt_tps, output_tps), attainment)
+    load = LoadSample.from_rates(rps, prompt_tps, output_tps)
+    return RouterLoad(load, attainment, ttft.value, tpot.value)
+
+
+@dataclass(slots=True)
+class _WeightedMean:
+    total: float = 0.0
+    weight: float = 0.0
+
+    def add(self, value: float | None, weight: float) -> None:
+        if value is not None and weight > 0:
+            self.total += value * weight
+            self.weight += weight
+
+    @property
+    def value(self) -> float | None:
+        return self.total / self.weight if self.weight else None
 
 
 def worker_observation(member: PoolMember, info: WorkerInfo | None) -> WorkerObservation:
@@ -115,11 +137,12 @@ def cluster_observation(
     """The planner's input from the routers' load, the pools' members and the registry."""
     by_id = {w.worker_id: w for w in workers}
 
-    def pool(role: str) -> PoolObservation:
+    def pool(role: str, latency_s: float | None) -> PoolObservation:
         observed = tuple(worker_observation(m, by_id.get(m.worker_id)) for m in members[role])
-        return PoolObservation(observed, load.slo_attainment)
+        return PoolObservation(observed, load.slo_attainment, latency_s)
 
-    return ClusterObservation(load.load, pool("prefill"), pool("decode"))
+    # Prefill answers for the time to first token, decode for the time per output token.
+    return ClusterObservation(load.load, pool("prefill", load.ttft_s), pool("decode", load.tpot_s))
 
 
 @dataclass(slots=True)

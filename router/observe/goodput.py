@@ -101,6 +101,8 @@ class GoodputFigures:
     slo_attainment: float | None
     prompt_tokens_per_s: float = 0.0
     output_tokens_per_s: float = 0.0
+    ttft_mean_s: float | None = None  # over the requests served (None: none was)
+    tpot_mean_s: float | None = None  # over those with a TPOT
 
 
 def tpot_s(e2e_s: float, ttft_s: float, output_tokens: float) -> float | None:
@@ -125,12 +127,18 @@ def goodput_figures(
         raise ValueError(f"window_s must be > 0, got {window_s}")
     start_s = now_s - window_s
     requests = good = prompt_tokens = output_tokens = 0
+    ttfts: list[float] = []
+    tpots: list[float] = []
     for sample in samples:
         if start_s < sample.finish_s <= now_s:
             requests += 1
             good += sample.meets(slo)
             prompt_tokens += sample.prompt_tokens
             output_tokens += sample.output_tokens
+            if not sample.failed:
+                ttfts.append(sample.ttft_s)
+                if sample.tpot_s is not None:
+                    tpots.append(sample.tpot_s)
     span_s = window_s if since_s is None else min(window_s, now_s - since_s)
     if span_s <= 0:  # asked at the very instant recording began
         return GoodputFigures(window_s, 0.0, requests, good, 0.0, 0.0, _ratio(good, requests))
@@ -144,7 +152,13 @@ def goodput_figures(
         _ratio(good, requests),
         prompt_tokens / span_s,
         output_tokens / span_s,
+        _mean(ttfts),
+        _mean(tpots),
     )
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _ratio(good: int, requests: int) -> float | None:

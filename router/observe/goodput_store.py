@@ -11,6 +11,7 @@ Keys (``<P>`` = the cluster's key prefix, default ``pdserve:``; names from
       prompt_tps:<w>  output_tps:<w>   (prompt and output tokens per second)
       span_s:<w>   (seconds the rates divide by: less than the window while the router is
                     younger than it)
+      ttft_mean_s:<w>  tpot_mean_s:<w>   (over the requests served; absent without any)
 
   ``<w>`` is a window label such as ``10s``; ``slo_attainment:<w>`` is absent when no
   request finished in that window.
@@ -77,6 +78,9 @@ def goodput_fields(
         fields[f"prompt_tps:{w}"] = repr(f.prompt_tokens_per_s)
         fields[f"output_tps:{w}"] = repr(f.output_tokens_per_s)
         fields[f"span_s:{w}"] = repr(f.span_s)
+        for field_name, value in (("ttft_mean_s", f.ttft_mean_s), ("tpot_mean_s", f.tpot_mean_s)):
+            if value is not None:
+                fields[f"{field_name}:{w}"] = repr(value)
         if f.slo_attainment is not None:
             fields[f"slo_attainment:{w}"] = repr(f.slo_attainment)
     return fields
@@ -154,6 +158,8 @@ class StoredWindow:
     prompt_tokens_per_s: float = 0.0
     output_tokens_per_s: float = 0.0
     span_s: float = 0.0  # what the rates divide by (< the window while the router is young)
+    ttft_mean_s: float | None = None
+    tpot_mean_s: float | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -195,6 +201,8 @@ def parse_goodput(fields: dict[str, str]) -> StoredGoodput:
             prompt_tokens_per_s=float(fields.get(f"prompt_tps:{w}", 0.0)),
             output_tokens_per_s=float(fields.get(f"output_tps:{w}", 0.0)),
             span_s=float(fields.get(f"span_s:{w}", 0.0)),
+            ttft_mean_s=_float_or_none(fields.get(f"ttft_mean_s:{w}")),
+            tpot_mean_s=_float_or_none(fields.get(f"tpot_mean_s:{w}")),
         )
         for w in fields["windows"].split(",")
         if w

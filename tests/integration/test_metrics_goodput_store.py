@@ -103,6 +103,7 @@ def test_token_rates_round_trip_through_redis(redis_client: redis.Redis, keys: R
         50.0,
         3.0,
     )
+    assert (window.ttft_mean_s, window.tpot_mean_s, window.span_s) == (0.1, 0.01, 10.0)
 
 
 def test_redis_down_is_logged_once_and_recovery_once(

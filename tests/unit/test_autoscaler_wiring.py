@@ -34,19 +34,24 @@ from pdserve.router.observe.goodput_store import StoredGoodput, StoredWindow
 
 def _router(router_id: str, **w10: float) -> StoredGoodput:
     ten = StoredWindow("10s", int(w10["requests"]), int(w10["good"]), w10["rps"], 0.0, None,
-                       w10["prompt_tps"], w10["output_tps"])  # fmt: skip
+                       w10["prompt_tps"], w10["output_tps"], 10.0, w10.get("ttft"),
+                       w10.get("tpot"))  # fmt: skip
     sixty = StoredWindow("60s", 999, 0, 99.0, 0.0, None, 9e6, 9e6)
     return StoredGoodput(router_id, 0, 1000.0, 100.0, (ten, sixty))
 
 
 def test_router_load_adds_rates_and_pools_attainment() -> None:
     routers = [
-        _router("a", requests=30, good=27, rps=3.0, prompt_tps=600.0, output_tps=90.0),
-        _router("b", requests=10, good=5, rps=1.0, prompt_tps=400.0, output_tps=10.0),
-    ]
+        _router("a", requests=30, good=27, rps=3.0, prompt_tps=600.0, output_tps=90.0,
+                ttft=0.2, tpot=0.05),
+        _router("b", requests=10, good=5, rps=1.0, prompt_tps=400.0, output_tps=10.0,
+                ttft=0.6),
+    ]  # fmt: skip
     load = router_load(routers, "10s")
     assert load.load == LoadSample(4.0, 250.0, 25.0)  # per request: 1000/4 in, 100/4 out
     assert load.slo_attainment == pytest.approx(32 / 40)
+    assert load.ttft_s == pytest.approx((30 * 0.2 + 10 * 0.6) / 40)  # weighted by requests
+    assert load.tpot_s == pytest.approx(0.05)  # router b had no TPOT
     assert router_load([], "10s") == RouterLoad(LoadSample(0.0, 0.0, 0.0), None)
 
 
@@ -69,7 +74,8 @@ def test_cluster_observation_joins_members_with_the_registry() -> None:
     load = WorkerLoad(waiting=3, running=2, free_blocks=10,
                       extra=(("cached_blocks", 40.0), ("kv_usage", 0.75)))  # fmt: skip
     workers = [WorkerInfo("p0", WorkerRole.PREFILL, "h:1", load=load)]
-    observed = cluster_observation(RouterLoad(LoadSample(1.0, 2.0, 3.0), 0.5), members, workers)
+    router = RouterLoad(LoadSample(1.0, 2.0, 3.0), 0.5, ttft_s=0.4, tpot_s=0.08)
+    observed = cluster_observation(router, members, workers)
     (p0,) = observed.prefill.workers
     assert (p0.state, p0.since_s, p0.running_requests, p0.waiting_requests) == (
         MemberState.READY,
@@ -81,6 +87,7 @@ def test_cluster_observation_joins_members_with_the_registry() -> None:
     assert [w.worker_id for w in observed.decode.workers] == ["d0", "d1"]
     assert observed.decode.workers[1].state is MemberState.STARTING
     assert observed.prefill.slo_attainment == observed.decode.slo_attainment == 0.5
+    assert (observed.prefill.observed_latency_s, observed.decode.observed_latency_s) == (0.4, 0.08)
 
 
 def test_ordered_replicas_stand_in_for_workers_still_starting() -> None:

@@ -76,6 +76,7 @@ def test_token_rates_count_the_requests_of_the_window() -> None:
     assert figures.requests == 3
     assert figures.prompt_tokens_per_s == pytest.approx(40.0)  # 400 tokens / 10 s
     assert figures.output_tokens_per_s == pytest.approx(6.0)
+    assert (figures.ttft_mean_s, figures.tpot_mean_s) == (0.05, 0.01)  # the failed one: none
     young = goodput_figures(samples, SLO, now_s=10.0, window_s=10.0, since_s=5.0)
     assert young.prompt_tokens_per_s == pytest.approx(80.0)  # 400 tokens / 5 s of span
 
