@@ -1,8 +1,8 @@
 """The cost model: one CPU worker of this machine, calibrated from docs/benchmarks.md.
 
-Every default below names the measured figure it comes from (docs/autoscale_sim.md has the
-derivations). A worker is what the cluster benchmarks ran: one core, bf16, one torch thread,
-1,024 KV blocks of 16 tokens. A GPU cluster's figures would scale every rate.
+Every default below names the measured figure it comes from (docs/benchmarks.md, "Autoscaling at
+scale", has the derivations). A worker is what the cluster benchmarks ran: one core, bf16, one
+torch thread, 1,024 KV blocks of 16 tokens. A GPU cluster's figures would scale every rate.
 
 * prefill: ``n / prefill_tokens_per_s * (1 + n / prefill_attention_tokens)`` seconds for an
   ``n``-token prompt, FCFS (the second factor is attention growing with the prompt);
@@ -34,7 +34,7 @@ class Slo:
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """Per-worker costs; see the module docstring and docs/autoscale_sim.md."""
+    """Per-worker costs; see the module docstring and docs/benchmarks.md."""
 
     prefill_tokens_per_s: float = 1500.0
     prefill_attention_tokens: float = 4100.0
