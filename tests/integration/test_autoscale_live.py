@@ -1,19 +1,20 @@
 """`pdserve up --autoscale` on this machine: real Ray, Redis, workers and router.
 
-A load of short prompts with long answers grows the decode pool; long prompts with short
-answers grow the prefill pool; when the load stops both shrink back. Every request completes
-with all its tokens (scale-in drains before it stops a worker). The profile is written by
-hand so that this machine's small load needs two workers per pool; the cooldowns are cut to
-seconds. The test prints the pool sizes over time.
+A `pdserve bench` run of short prompts with long answers grows the decode pool; a run of long
+prompts with short answers grows the prefill pool; when the load stops both shrink back.
+Every request completes with all its tokens (scale-in drains before it stops a worker). The profile
+is written by hand so that this machine's small load needs two workers per pool; the cooldowns are
+cut to seconds. The test prints the pool sizes over time.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import threading
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,6 @@ from pdserve.cluster.registry import WorkerRegistry
 from pdserve.proto.redis_keys import RedisKeys
 from tests.integration.cluster_proc import (
     UpProcess,
-    grpc_generate,
     redis_client,
     start_up,
     wait_until,
@@ -53,34 +53,35 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
         proc.stop()
 
 
-class Load:
-    """``threads`` clients sending one request after another until stopped."""
+class BenchLoad:
+    """`pdserve bench` against the router: ``prompts`` requests of fixed lengths, at most
+    ``concurrency`` at a time, as fast as they are served; all outcomes in a JSON file."""
 
-    def __init__(self, up: UpProcess, threads: int, prompt_tokens: int, max_tokens: int) -> None:
-        self.results: list[tuple[int, str]] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._args = (up.grpc_address, prompt_tokens, max_tokens)
-        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
-        for thread in self._threads:
-            thread.start()
+    def __init__(self, up: UpProcess, out: Path, prompts: int, concurrency: int,
+                 input_len: int, output_len: int) -> None:  # fmt: skip
+        self.out = out
+        self.output_len = output_len
+        args = [
+            sys.executable, "-m", "pdserve.bench", "--base-url", up.http_url,
+            "--dataset-name", "random", "--random-input-len", str(input_len),
+            "--random-output-len", str(output_len), "--ignore-eos", "--temperature", "0",
+            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+            "--request-rate", "inf", "--disable-tqdm", "--json", str(out),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
-    def _run(self, seed: int) -> None:
-        address, prompt_tokens, max_tokens = self._args
-        rng = random.Random(seed)
-        while not self._stop.is_set():
-            prompt = [rng.randrange(100, 40000) for _ in range(prompt_tokens)]
-            try:
-                result = grpc_generate(address, prompt, max_tokens, ignore_eos=True)
-            except Exception as err:
-                self.errors.append(repr(err))
-                continue
-            self.results.append((len(result.token_ids), result.finish_reason))
+    def finish(self) -> list[dict[str, object]]:
+        """Wait for the run; every request it sent, as recorded."""
+        output = self.proc.communicate(timeout=600)[0].decode()
+        assert self.proc.returncode == 0, output[-3000:]
+        (run,) = json.loads(self.out.read_text())["runs"]
+        requests: list[dict[str, object]] = run["requests"]
+        return requests
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(120)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
 
 
 def test_pools_follow_the_load_with_no_request_lost(up: UpProcess) -> None:
@@ -89,37 +90,43 @@ def test_pools_follow_the_load_with_no_request_lost(up: UpProcess) -> None:
     registry = WorkerRegistry(client, keys, lease_s=5.0)
     store = PoolTargetStore(client, keys)
     start_s = time.monotonic()
-    timeline: list[str] = []
+    timeline: list[str] = []  # one line per change of the pools
+    last = ""
 
     def sizes() -> tuple[int, int]:
+        nonlocal last
         live = registry.list_workers()
         targets = store.stored()
         assert targets is not None
-        timeline.append(
-            f"{time.monotonic() - start_s:5.1f} s  targets prefill {targets.prefill} decode "
-            f"{targets.decode}  live {sum(w.role == 'prefill' for w in live)} + "
-            f"{sum(w.role == 'decode' for w in live)}"
+        state = (
+            f"targets prefill {targets.prefill} decode {targets.decode}, serving "
+            f"{sum(w.role == 'prefill' for w in live)} + {sum(w.role == 'decode' for w in live)}"
         )
+        if state != last:
+            timeline.append(f"{time.monotonic() - start_s:6.1f} s  {state}")
+            last = state
         return targets.prefill, targets.decode
 
+    tmp = up.state_file.parent
     short = long = None
     try:
-        short = Load(up, threads=3, prompt_tokens=8, max_tokens=24)
+        short = BenchLoad(up, tmp / "short.json", 60, 3, input_len=8, output_len=24)
         wait_until(lambda: sizes()[1] == 2, 120, "the decode pool to grow to 2")
         assert sizes()[0] == 1, "short prompts must not grow the prefill pool"
-        short.stop()
-        long = Load(up, threads=2, prompt_tokens=400, max_tokens=2)
+        served = short.finish()
+        long = BenchLoad(up, tmp / "long.json", 40, 2, input_len=400, output_len=2)
         wait_until(lambda: sizes()[0] == 2, 120, "the prefill pool to grow to 2")
-        long.stop()
+        served += long.finish()
         wait_until(lambda: sizes() == (1, 1), 120, "both pools to shrink back to 1")
         wait_until(lambda: len(registry.list_workers()) == 2, 60, "the drained workers to go")
+        sizes()
     finally:
         for load in (short, long):
             if load is not None:
                 load.stop()
-        print("\n".join(timeline[:: max(1, len(timeline) // 40)]))
-    assert short is not None and long is not None
-    for load, max_tokens in ((short, 24), (long, 2)):
-        assert load.errors == [], load.errors[:5]
-        assert load.results, "the load sent nothing"
-        assert set(load.results) == {(max_tokens, "length")}, "a request lost tokens"
+        print("\n".join(timeline))
+    failed = [r["error"] for r in served if not r["success"]]
+    assert failed == [], failed[:5]
+    assert len(served) == 100
+    assert {r["output_tokens"] for r in served[:60]} == {24}, "a request lost tokens"
+    assert {r["output_tokens"] for r in served[60:]} == {2}, "a request lost tokens"
