@@ -42,9 +42,9 @@ from pdserve.router.observe.goodput_store import StoredGoodput, read_goodput
 
 log = logging.getLogger("pdserve.autoscale")
 
-# role -> its members (Ray pools, or the registry's view), given each worker's running
-# requests and unique cached blocks.
-MembersFn = Callable[[Mapping[str, int], Mapping[str, int]], Mapping[str, Sequence[PoolMember]]]
+# role -> its members (state and since when), given the registered workers: the Ray pools
+# know theirs; without an orchestrator to ask, they are the registered ones plus those ordered.
+MembersFn = Callable[[Sequence[WorkerInfo]], Mapping[str, Sequence[PoolMember]]]
 
 
 @dataclass(slots=True, frozen=True)
@@ -112,7 +112,9 @@ class _WeightedMean:
         return self.total / self.weight if self.weight else None
 
 
-def worker_observation(member: PoolMember, info: WorkerInfo | None) -> WorkerObservation:
+def worker_observation(
+    member: PoolMember, info: WorkerInfo | None, unique_blocks: int = 0
+) -> WorkerObservation:
     """One member as the planner sees it; a member not registered yet reports no load."""
     if info is None:
         return WorkerObservation(member.worker_id, member.state, member.since_s)
@@ -125,7 +127,7 @@ def worker_observation(member: PoolMember, info: WorkerInfo | None) -> WorkerObs
         waiting_requests=info.load.waiting,
         kv_usage=min(1.0, max(0.0, extra.get("kv_usage", 0.0))),
         cached_blocks=int(extra.get("cached_blocks", 0)),
-        unique_blocks=member.unique_blocks,
+        unique_blocks=unique_blocks,
     )
 
 
@@ -133,12 +135,18 @@ def cluster_observation(
     load: RouterLoad,
     members: Mapping[str, Sequence[PoolMember]],
     workers: Sequence[WorkerInfo],
+    unique: Mapping[str, int] | None = None,
 ) -> ClusterObservation:
-    """The planner's input from the routers' load, the pools' members and the registry."""
+    """The planner's input from the routers' load, the pools' members, the registry and each
+    worker's unique cached blocks (the locality index)."""
     by_id = {w.worker_id: w for w in workers}
+    unique = unique or {}
 
     def pool(role: str, latency_s: float | None) -> PoolObservation:
-        observed = tuple(worker_observation(m, by_id.get(m.worker_id)) for m in members[role])
+        observed = tuple(
+            worker_observation(m, by_id.get(m.worker_id), unique.get(m.worker_id, 0))
+            for m in members[role]
+        )
         return PoolObservation(observed, load.slo_attainment, latency_s)
 
     # Prefill answers for the time to first token, decode for the time per output token.
@@ -161,16 +169,11 @@ class OrderedReplicas:
             self.since_s = now_s
         self.counts = counts
 
-    def members(
-        self, workers: Sequence[WorkerInfo], running: Mapping[str, int], unique: Mapping[str, int]
-    ) -> dict[str, list[PoolMember]]:
+    def members(self, workers: Sequence[WorkerInfo]) -> dict[str, list[PoolMember]]:
         members: dict[str, list[PoolMember]] = {}
         for role in POOLS:
             ids = [w.worker_id for w in workers if w.role.value == role]
-            members[role] = [
-                PoolMember(wid, i, MemberState.READY, running.get(wid, 0), 0.0, unique.get(wid, 0))
-                for i, wid in enumerate(ids)
-            ]
+            members[role] = [PoolMember(wid, i, MemberState.READY) for i, wid in enumerate(ids)]
             for i in range(len(ids), self.counts.get(role, 0)):
                 placeholder = f"{role}-ordered-{i}"
                 members[role].append(
@@ -216,11 +219,8 @@ class Autoscaler:
 
 
 class RedisClusterView:
-    """The planner's input read from one Redis: routers' goodput, the registry, the index.
-
-    ``members(running, unique)`` gives each pool's members; it is called twice a tick, the
-    second time with the unique cached blocks of the members the first call named.
-    """
+    """The planner's input read from one Redis: routers' goodput, the registry, the index
+    (one round trip each, per tick)."""
 
     def __init__(
         self,
@@ -241,11 +241,11 @@ class RedisClusterView:
     def __call__(self, now_s: float) -> ClusterObservation:
         load = router_load(read_goodput(self._client, self._prefix), self.window)
         workers = self._registry.list_workers()
-        running = {w.worker_id: w.load.running for w in workers}
+        members = self._members(workers)
         unique: dict[str, int] = {}
-        for pool in self._members(running, {}).values():
+        for pool in members.values():
             unique |= self._index.unique_blocks([m.worker_id for m in pool])
-        return cluster_observation(load, self._members(running, unique), workers)
+        return cluster_observation(load, members, workers, unique)
 
 
 class PlannerMetrics:

@@ -11,7 +11,6 @@ import argparse
 import json
 import logging
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +19,15 @@ from pdserve.cluster.settings import Settings
 if TYPE_CHECKING:
     from pdserve.cluster.actuators import Actuator
     from pdserve.cluster.autoscaler import AutoscaleSettings
-    from pdserve.cluster.pool_manager import PoolMember
 
 log = logging.getLogger("pdserve.autoscale")
 
 
-def add_autoscale_arguments(p: argparse.ArgumentParser) -> None:
+def add_autoscale_arguments(p: argparse.ArgumentParser, metrics_flag: str) -> None:
+    """The planner's flags; ``metrics_flag`` names the port of its /metrics."""
     add = p.add_argument
+    add(metrics_flag, dest="planner_metrics_port", type=int, default=None, metavar="PORT",
+        help="serve pdserve_planner_* on PORT (0: any free port; -1 or unset: none)")  # fmt: skip
     add("--profile", type=Path, default=None,
         help="capacity profile from `pdserve profile` (default: the one in Redis)")  # fmt: skip
     add("--min-prefill", type=int, default=1, help="autoscaling: fewest prefill workers")
@@ -41,8 +42,6 @@ def add_autoscale_arguments(p: argparse.ArgumentParser) -> None:
         help="how long the load must fit one replica fewer first (default 60)")  # fmt: skip
     add("--load-window", default="10s",
         help="which of the routers' goodput windows gives the load (default 10s)")  # fmt: skip
-    add("--planner-metrics-port", type=int, default=None, metavar="PORT",
-        help="serve pdserve_planner_* on PORT (0: any free port; -1: none)")  # fmt: skip
 
 
 def autoscale_settings(args: argparse.Namespace, stored_profile: str | None) -> AutoscaleSettings:
@@ -96,10 +95,9 @@ def add_parser(sub: Any) -> None:
     add("--key-prefix", default=settings.key_prefix)
     add("--interval-s", type=float, default=5.0, help="seconds between decisions")
     add("--host", dest="metrics_host", default="0.0.0.0", help="address of /metrics")
-    add("--metrics-port", dest="planner_metrics_port", type=int, default=9400)
     add("--log-level", default=settings.log_level)
-    add_autoscale_arguments(p)
-    p.set_defaults(run=run_planner)
+    add_autoscale_arguments(p, "--metrics-port")
+    p.set_defaults(run=run_planner, planner_metrics_port=9400)
 
 
 def run_planner(args: argparse.Namespace) -> int:
@@ -124,13 +122,10 @@ def run_planner(args: argparse.Namespace) -> int:
     ordered = OrderedReplicas(_actuator(args))
     registry = WorkerRegistry(client, keys, Settings.from_env().lease_s)
 
-    def members(
-        running: Mapping[str, int], unique: Mapping[str, int]
-    ) -> dict[str, list[PoolMember]]:
-        return ordered.members(registry.list_workers(), running, unique)
-
     index = LocalityIndex(client, keys)
-    view = RedisClusterView(client, args.key_prefix, registry, index, members, settings.window)
+    view = RedisClusterView(
+        client, args.key_prefix, registry, index, ordered.members, settings.window
+    )
     autoscaler = build_autoscaler(settings, ordered.actuator, view)
     while True:
         try:

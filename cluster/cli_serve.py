@@ -14,7 +14,6 @@ import logging
 import signal
 import socket
 import threading
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -143,7 +142,7 @@ async def _serve_router(args: argparse.Namespace) -> None:
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     try:
         extra = args.router_processes - 1
-        await spawn_routers(routers, replace(config), partial(router_process, spec), extra)
+        await spawn_routers(routers, config, partial(router_process, spec), extra)
         log.info("router serving HTTP on %s:%d, gRPC on %s:%d", args.host, service.http_port,
                  args.host, service.grpc_port)  # fmt: skip
         await stop.wait()

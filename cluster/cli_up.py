@@ -62,7 +62,7 @@ def add_parser(sub: Any) -> None:
     add("--autoscale", action="store_true",
         help="size the prefill and decode pools to the load (the planner; profile from "
         f"--profile, else {DEFAULT_PROFILE_FILE})")  # fmt: skip
-    add_autoscale_arguments(p)
+    add_autoscale_arguments(p, "--planner-metrics-port")
     p.set_defaults(run=run_up_command)
     _add_scale_parser(sub)
 

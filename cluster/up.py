@@ -25,7 +25,7 @@ import logging
 import math
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -49,6 +49,7 @@ from pdserve.cluster.router_wiring import RedisWorkerDirectory
 from pdserve.cluster.supervise import Supervised, SupervisedRedis, embedded_redis, supervise
 from pdserve.cluster.worker_launch import WorkerLaunch
 from pdserve.proto.redis_keys import RedisKeys
+from pdserve.proto.workers import WorkerInfo
 from pdserve.router.config import RouterConfig
 from pdserve.router.edge.tokenizer import RouterTokenizer, load_router_tokenizer
 from pdserve.router.event_loop import run as run_loop
@@ -225,9 +226,9 @@ async def _serve(
 
 
 def _members(
-    pools: dict[str, RayWorkerPool], running: Mapping[str, int], unique: Mapping[str, int]
+    pools: dict[str, RayWorkerPool], workers: Sequence[WorkerInfo]
 ) -> dict[str, list[PoolMember]]:
-    return {role: pools[role].members(running, unique) for role in POOLS}
+    return {role: pools[role].members() for role in POOLS}  # their load comes with ``workers``
 
 
 async def _wait_registered(

@@ -182,7 +182,7 @@ class LLMEngine:
 
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        start_s = time.perf_counter()
+        start_s = time.perf_counter() if self._step_observers else 0.0
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []

@@ -33,10 +33,22 @@ class MetricsOnlyActuator:
         self._replicas = dict.fromkeys(POOLS, initial)
 
     def replicas(self, pool: str) -> int:
-        return self._replicas[pool]
+        return self._replicas[check_pool(pool)]
 
     def scale(self, pool: str, replicas: int) -> None:
-        if pool not in POOLS or replicas < 0:
-            raise ValueError(f"need a pool in {list(POOLS)} and replicas >= 0, got {pool!r}, "
-                             f"{replicas}")  # fmt: skip
-        self._replicas[pool] = replicas
+        self._replicas[check_scale(pool, replicas)] = replicas
+
+
+def check_pool(pool: str) -> str:
+    """``pool`` if it is one of :data:`POOLS`, else ValueError."""
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {list(POOLS)}, got {pool!r}")
+    return pool
+
+
+def check_scale(pool: str, replicas: int) -> str:
+    """``pool`` if it is one of :data:`POOLS` and ``replicas`` >= 0, else ValueError."""
+    check_pool(pool)
+    if replicas < 0:
+        raise ValueError(f"replicas must be >= 0, got {replicas} for the {pool} pool")
+    return pool

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from pdserve.cluster.actuators import POOLS
+from pdserve.cluster.actuators import check_pool, check_scale
 from pdserve.cluster.pool_control import PoolTargetStore
 from pdserve.cluster.pool_manager import PoolTargets
 
@@ -25,17 +25,9 @@ class PoolTargetActuator:
 
     def replicas(self, pool: str) -> int:
         self._targets = self._store.read(self._targets)
-        return self._targets.of(_check_pool(pool))
+        return self._targets.of(check_pool(pool))
 
     def scale(self, pool: str, replicas: int) -> None:
-        if replicas < 0:
-            raise ValueError(f"replicas must be >= 0, got {replicas} for the {pool} pool")
         current = self._store.read(self._targets)
-        self._targets = self._store.set(_check_pool(pool), replicas, current)
+        self._targets = self._store.set(check_scale(pool, replicas), replicas, current)
         log.info("%s pool target %d -> %d", pool, current.of(pool), replicas)
-
-
-def _check_pool(pool: str) -> str:
-    if pool not in POOLS:
-        raise ValueError(f"pool must be one of {list(POOLS)}, got {pool!r}")
-    return pool

@@ -65,7 +65,7 @@ def test_a_router_younger_than_the_window_reads_low_not_high() -> None:
 
 def test_cluster_observation_joins_members_with_the_registry() -> None:
     members = {
-        "prefill": [PoolMember("p0", 0, MemberState.READY, 2, 5.0, unique_blocks=7)],
+        "prefill": [PoolMember("p0", 0, MemberState.READY, 0, 5.0)],
         "decode": [
             PoolMember("d0", 0, MemberState.READY, 1, 1.0),
             PoolMember("d1", 1, MemberState.STARTING, 0, 9.0),  # not registered yet
@@ -75,7 +75,7 @@ def test_cluster_observation_joins_members_with_the_registry() -> None:
                       extra=(("cached_blocks", 40.0), ("kv_usage", 0.75)))  # fmt: skip
     workers = [WorkerInfo("p0", WorkerRole.PREFILL, "h:1", load=load)]
     router = RouterLoad(LoadSample(1.0, 2.0, 3.0), 0.5, ttft_s=0.4, tpot_s=0.08)
-    observed = cluster_observation(router, members, workers)
+    observed = cluster_observation(router, members, workers, unique={"p0": 7})
     (p0,) = observed.prefill.workers
     assert (p0.state, p0.since_s, p0.running_requests, p0.waiting_requests) == (
         MemberState.READY,
@@ -97,13 +97,12 @@ def test_ordered_replicas_stand_in_for_workers_still_starting() -> None:
     actuator.scale("decode", 3)
     ordered.refresh(20.0)  # two more decode replicas ordered at 20 s
     workers = [WorkerInfo("d-a", WorkerRole.DECODE, "h:1"), WorkerInfo("p-a", "prefill", "h:2")]
-    members = ordered.members(workers, {"d-a": 4}, {"d-a": 2})
+    members = ordered.members(workers)
     assert [(m.worker_id, m.state, m.since_s) for m in members["decode"]] == [
         ("d-a", MemberState.READY, 0.0),
         ("decode-ordered-1", MemberState.STARTING, 20.0),
         ("decode-ordered-2", MemberState.STARTING, 20.0),
     ]
-    assert (members["decode"][0].running_requests, members["decode"][0].unique_blocks) == (4, 2)
     assert [m.worker_id for m in members["prefill"]] == ["p-a"]
     ordered.refresh(30.0)  # no new order: the placeholders keep their start time
     assert ordered.since_s == 20.0
@@ -112,10 +111,14 @@ def test_ordered_replicas_stand_in_for_workers_still_starting() -> None:
 def test_metrics_only_actuator_refuses_other_pools() -> None:
     actuator = MetricsOnlyActuator()
     assert isinstance(actuator, Actuator)
-    with pytest.raises(ValueError, match="pool"):
+    with pytest.raises(ValueError, match=r"pool must be one of \['prefill', 'decode'\]"):
         actuator.scale("colocated", 2)
-    with pytest.raises(ValueError, match="replicas >= 0"):
+    with pytest.raises(ValueError, match="pool must be one of"):
+        actuator.replicas("colocated")
+    with pytest.raises(ValueError, match="replicas must be >= 0, got -1 for the decode pool"):
         actuator.scale("decode", -1)
+    actuator.scale("decode", 3)
+    assert (actuator.replicas("decode"), actuator.replicas("prefill")) == (3, 1)
 
 
 PROFILE = CapacityProfile(
