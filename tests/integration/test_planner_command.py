@@ -40,7 +40,10 @@ def _publish_cluster(client: redis.Redis, keys: RedisKeys) -> None:
     document = {"model": "m", "dtype": "float32", "profile": PROFILE.to_dict()}
     client.set(keys.capacity_profile, json.dumps(document))
     slo = SloConfig(redis_prefix=keys.prefix, windows_s=(10.0,), publish_interval_s=60.0)
-    samples = [RequestSample(t / 4, 0.1, 0.01, False, 100, 100) for t in range(1, 41)]
+    # Latencies as the profile predicts them (prefill of 100 tokens 0.05 s; ITL at the decode
+    # worker's batch of 4, between the measured points): the latency correction stays 1.
+    itl_s = PROFILE.itl_s_at(4)
+    samples = [RequestSample(t / 4, 0.05, itl_s, False, 100, 100) for t in range(1, 41)]
     assert GoodputStore(client, slo, "router-0").publish(
         [goodput_figures(samples, slo, 10.0, 10.0)]
     )
@@ -96,7 +99,7 @@ def test_planner_scales_the_decode_deployment_through_kubernetes(
     with FakeKubeApi({(NS, PREFILL): 1, (NS, DECODE): 1, (NS, "other"): 4}) as api:
         proc = _planner(redis_server.url, cluster, "--apply", "kubernetes", "--namespace", NS,
                         "--prefill-deployment", PREFILL, "--decode-deployment", DECODE,
-                        "--kubernetes-host", api.url, "--planner-metrics-port", "-1")  # fmt: skip
+                        "--kubernetes-host", api.url, "--metrics-port", "-1")  # fmt: skip
         stop_after.append(proc)
         _wait(lambda: api.replicas(NS, DECODE) == 3, 60, proc)
         time.sleep(1.0)  # the starting replicas count as capacity: no further order
@@ -112,7 +115,7 @@ def test_planner_exports_its_decision_for_hpa_or_keda(
 ) -> None:
     port = free_loopback_port()
     proc = _planner(redis_server.url, cluster, "--apply", "metrics", "--host", "127.0.0.1",
-                    "--planner-metrics-port", str(port))  # fmt: skip
+                    "--metrics-port", str(port))  # fmt: skip
     stop_after.append(proc)
 
     def desired_decode() -> bool:
