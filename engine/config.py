@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from pdserve.engine.scheduler import SchedulerConfig
+from pdserve.engine.speculative.config import SpeculativeConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DTYPES = ("float32", "bfloat16")
@@ -35,6 +36,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculation: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -45,26 +47,28 @@ class EngineConfig:
         """Build from flat keyword arguments, routing each to the component that owns it.
 
         ``LLM(model=..., block_size=4, num_blocks=64, max_num_batched_tokens=16)`` is the
-        offline API's way to reach the cache and scheduler settings.
+        offline API's way to reach the cache and scheduler settings;
+        ``speculative="ngram"`` sets the speculative method (``SpeculativeConfig.method``).
         """
-        own = {f.name for f in dataclasses.fields(cls)} - {"cache", "scheduler"}
-        parts: dict[str, dict[str, object]] = {"own": {}, "cache": {}, "scheduler": {}}
-        owners = {
-            "cache": {f.name for f in dataclasses.fields(CacheConfig)},
-            "scheduler": {f.name for f in dataclasses.fields(SchedulerConfig)},
+        components: dict[str, type] = {
+            "cache": CacheConfig,
+            "scheduler": SchedulerConfig,
+            "speculation": SpeculativeConfig,
         }
+        own = {f.name for f in dataclasses.fields(cls)} - set(components)
+        owners = {
+            name: {f.name for f in dataclasses.fields(part)} for name, part in components.items()
+        }
+        owners["speculation"] = (owners["speculation"] - {"method"}) | {"speculative"}
+        parts: dict[str, dict[str, object]] = {name: {} for name in ("own", *components)}
         for key, value in kwargs.items():
+            owner = next((name for name, keys in owners.items() if key in keys), None)
             if key in own:
                 parts["own"][key] = value
-            elif key in owners["cache"]:
-                parts["cache"][key] = value
-            elif key in owners["scheduler"]:
-                parts["scheduler"][key] = value
+            elif owner is not None:
+                parts[owner]["method" if key == "speculative" else key] = value
             else:
-                known = sorted(own | owners["cache"] | owners["scheduler"])
+                known = sorted(own.union(*owners.values()))
                 raise ValueError(f"unknown engine option {key!r}; known options: {known}")
-        return cls(
-            cache=CacheConfig(**parts["cache"]),  # type: ignore[arg-type]
-            scheduler=SchedulerConfig(**parts["scheduler"]),  # type: ignore[arg-type]
-            **parts["own"],  # type: ignore[arg-type]
-        )
+        built = {name: part(**parts[name]) for name, part in components.items()}
+        return cls(**built, **parts["own"])  # type: ignore[arg-type]

@@ -11,20 +11,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.kv_cache import ImportReservation
 from pdserve.engine.outputs import StepOutput, TokenLogprob
-from pdserve.engine.sampler import Sampler, SampleRequest, SampleResult
+from pdserve.engine.sampler import Sampler, SampleRequest, SampleResult, is_plain_greedy
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.scheduler import Scheduler, Sequence, SequenceUpdate
+from pdserve.engine.speculative.build import build_speculator
+from pdserve.engine.speculative.verify import Verified, greedy_draw, kv_moves, target_draw
 from pdserve.engine.stop_strings import StopStringMatcher
 from pdserve.engine.tokenizer import IncrementalDetokenizer
 from pdserve.engine.worker_state import LoadedModel, build_worker_state
 
 if TYPE_CHECKING:
-    import torch
+    from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
 
-    from pdserve.engine.scheduler.plan import BatchPlan
+# What one sampled chunk produced: its tokens and their sampler results (logprobs).
+_Sampled = tuple[tuple[int, ...], tuple[SampleResult, ...]]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,13 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.sampler = Sampler()
         self.max_model_len = state.max_model_len
+        self.speculator = build_speculator(
+            config.speculation,
+            LoadedModel(state.source, state.runner.model, state.tokenizer, config.dtype),
+            config.cache.block_size,
+            config.attention_backend,
+            self.max_model_len,
+        )
         self._seqs: dict[str, Sequence] = {}
         self._out: dict[str, _SeqOutputState] = {}
         self._request_seqs: dict[str, list[str]] = {}
@@ -99,8 +111,7 @@ class LLMEngine:
             return False
         for seq_id in seq_ids:
             self.scheduler.abort(seq_id)
-            self._out.pop(seq_id, None)
-            self._seqs.pop(seq_id, None)
+            self._forget(seq_id)
         return True
 
     # -- disaggregation: prefill role ---------------------------------------------------
@@ -183,20 +194,59 @@ class LLMEngine:
     # -- the step ----------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         start_s = time.perf_counter() if self._step_observers else 0.0
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.decoding(), self.max_model_len)
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
         logits = self.runner.execute(plan)
-        sampled_chunks = [c for c in plan.chunks if c.sample]
-        results = self.sampler(logits, [self._sample_request(c.seq_id) for c in sampled_chunks])
-        by_seq = {c.seq_id: r for c, r in zip(sampled_chunks, results, strict=True)}
-        updates = self.scheduler.update(plan, {k: r.token_id for k, r in by_seq.items()})
-        outputs = [out for u in updates if (out := self._emit(u, by_seq.get(u.seq_id)))]
+        by_seq = self._sample(plan, logits)
+        updates = self.scheduler.update(plan, {k: tokens for k, (tokens, _) in by_seq.items()})
+        outputs = [out for u in updates if (out := self._emit(u, by_seq[u.seq_id][1]))]
         if self._step_observers:
             record = StepRecord(plan, logits, time.perf_counter() - start_s)
             for observer in self._step_observers:
                 observer(record)
         return outputs
+
+    def _sample(self, plan: BatchPlan, logits: torch.Tensor) -> dict[str, _Sampled]:
+        """Sample every plain chunk in one call; verify each verify chunk's tree (and move
+        its accepted candidates' K/V into place). ``logits``: the runner's rows, plan order."""
+        plain: list[ScheduledChunk] = []
+        plain_rows: list[int] = []
+        verify: list[tuple[ScheduledChunk, int]] = []
+        row = 0
+        for chunk in plan.chunks:
+            if chunk.tree is not None:
+                verify.append((chunk, row))
+            elif chunk.sample:
+                plain.append(chunk)
+                plain_rows.append(row)
+            row += chunk.num_sampled_rows
+        if not verify:  # no speculation this step: every row is a plain chunk's
+            results = self.sampler(logits, [self._sample_request(c.seq_id) for c in plain])
+            return {c.seq_id: ((r.token_id,), (r,)) for c, r in zip(plain, results, strict=True)}
+        sampled: dict[str, _Sampled] = {}
+        if plain:
+            rows = logits[torch.tensor(plain_rows, dtype=torch.int64, device=logits.device)]
+            results = self.sampler(rows, [self._sample_request(c.seq_id) for c in plain])
+            sampled = {c.seq_id: ((r.token_id,), (r,)) for c, r in zip(plain, results, strict=True)}
+        moves: list[tuple[int, int]] = []
+        for chunk, first in verify:
+            verified = self._verify(chunk, logits[first : first + chunk.num_sampled_rows])
+            sampled[chunk.seq_id] = (verified.token_ids, verified.results)
+            moves += kv_moves(verified, chunk.start_pos, chunk.block_table, self.kv.block_size)
+        self.runner.move_slots(moves)
+        return sampled
+
+    def _verify(self, chunk: ScheduledChunk, logits: torch.Tensor) -> Verified:
+        assert self.speculator is not None, "a verify chunk without a speculator"
+        request = self._sample_request(chunk.seq_id)
+        if is_plain_greedy(request.params):
+            draw = greedy_draw(logits.max(dim=-1).indices.tolist())
+        else:
+            draw = target_draw(self.sampler, logits, request)
+        return self.speculator.verify(chunk, draw)
 
     # -- helpers -----------------------------------------------------------------------
     def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> None:
@@ -247,38 +297,46 @@ class LLMEngine:
         out = self._out[seq_id]
         return SampleRequest(seq.params, seq.prompt_token_ids, seq.output_token_ids, out.index)
 
-    def _emit(self, update: SequenceUpdate, result: SampleResult | None) -> StepOutput | None:
+    def _emit(self, update: SequenceUpdate, results: tuple[SampleResult, ...]) -> StepOutput | None:
         out = self._out.get(update.seq_id)
         if out is None:
             return None
-        token_ids: tuple[int, ...] = ()
-        text = ""
-        if update.new_token_id is not None:
-            token_ids = (update.new_token_id,)
-            text = out.detokenizer.add(update.new_token_id)
+        token_ids = update.new_token_ids
         finish = update.finish_reason
         if finish == "length" and self._prefill_only.get(out.request_id, 1) > 1:
             finish = None  # the prefill is done; the decode worker goes on
             self._forget(update.seq_id)
-        if finish is not None:
-            text += out.detokenizer.flush()
-        if out.stops is not None:
-            text = out.stops.feed(text)
-            if out.stops.stopped and finish is None:
-                self.scheduler.finish(update.seq_id, "stop")
-                finish = "stop"
-            elif finish is not None:
-                text += out.stops.flush()
+        text = ""
+        for count, token_id in enumerate(token_ids, start=1):
+            last = count == len(token_ids)
+            piece = out.detokenizer.add(token_id)
+            if last and finish is not None:
+                piece += out.detokenizer.flush()
+            if out.stops is not None:
+                piece = out.stops.feed(piece)
+                if out.stops.stopped and (finish is None or not last):
+                    # A stop string ends the output here, even mid-way through a step's tokens.
+                    self.scheduler.finish(update.seq_id, "stop")
+                    token_ids, finish = token_ids[:count], "stop"
+                    text += piece
+                    break
+                if last and finish is not None:
+                    piece += out.stops.flush()
+            text += piece
         if finish is not None:
             self._forget(update.seq_id)
         if not token_ids and finish is None:
             return None
-        logprobs = _logprobs(result) if token_ids else ()
-        return StepOutput(out.request_id, out.index, token_ids, text, logprobs, finish)
+        logprobs = tuple(_logprobs(r) for r in results[: len(token_ids)])
+        return StepOutput(
+            out.request_id, out.index, token_ids, text, tuple(p for p in logprobs if p), finish
+        )
 
     def _forget(self, seq_id: str) -> None:
         out = self._out.pop(seq_id, None)
         self._seqs.pop(seq_id, None)
+        if self.speculator is not None:
+            self.speculator.forget(seq_id)
         if out is None:
             return
         siblings = self._request_seqs.get(out.request_id, [])
@@ -286,7 +344,7 @@ class LLMEngine:
             self._request_seqs.pop(out.request_id, None)
 
 
-def _logprobs(result: SampleResult | None) -> tuple[TokenLogprob, ...]:
-    if result is None or result.logprob is None:
-        return ()
-    return (TokenLogprob(result.token_id, result.logprob, result.top_logprobs),)
+def _logprobs(result: SampleResult) -> TokenLogprob | None:
+    if result.logprob is None:
+        return None
+    return TokenLogprob(result.token_id, result.logprob, result.top_logprobs)

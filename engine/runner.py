@@ -92,7 +92,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: BatchPlan) -> torch.Tensor:
-        """Run one step; returns fp32 logits ``[num_sampled, vocab]`` in plan order."""
+        """Run one step; returns fp32 logits ``[num_sampled, vocab]`` in plan order (a verify
+        chunk gives one row per token, root first)."""
         if plan.block_copies:
             self._copy_blocks(plan.block_copies)
         if not plan.chunks:
@@ -107,11 +108,29 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, attn, self.kv_cache)  # [T, hidden]
         ends = layout.query_start_loc[1:]
         sample_rows = [
-            end - 1 for end, chunk in zip(ends, plan.chunks, strict=True) if chunk.sample
+            row
+            for end, chunk in zip(ends, plan.chunks, strict=True)
+            for row in range(end - chunk.num_sampled_rows, end)
         ]
         if len(sample_rows) != len(token_ids):  # all-decode steps sample every row: no gather
             hidden = hidden[torch.tensor(sample_rows, dtype=torch.int64, device=self.device)]
         return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def move_slots(self, moves: list[tuple[int, int]]) -> None:
+        """Copy single token slots ``src -> dst`` (every layer, K and V), in order: an accepted
+        speculative token's K/V moves from its tree slot to its position's slot."""
+        if not moves:
+            return
+        bs = self.block_size
+        src = torch.tensor([s for s, _ in moves], dtype=torch.int64, device=self.device)
+        dst = torch.tensor([d for _, d in moves], dtype=torch.int64, device=self.device)
+        assert int(max(src.max(), dst.max())) < self.num_blocks * bs, (
+            f"slot move {moves} outside the pool of {self.num_blocks} blocks"
+        )
+        # The gather on the right reads every source before any destination is written.
+        pool = self.kv_cache
+        pool[dst // bs, :, :, dst % bs] = pool[src // bs, :, :, src % bs]
 
     def _copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
         """Copy whole blocks (every layer, K and V) ``src -> dst``, all reads before writes."""

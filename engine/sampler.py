@@ -86,7 +86,7 @@ class Sampler:
     ) -> list[SampleResult]:
         """Sample one token per row. ``logits``: fp32 ``[num_rows, vocab]``, not modified."""
         _check_batch(logits, requests)
-        if all(_is_plain_greedy(r.params) for r in requests):
+        if all(is_plain_greedy(r.params) for r in requests):
             # The common decode case: one argmax, no copies. max().indices is argmax (the
             # first maximal index of each row) on a kernel measured 3x faster on CPU.
             greedy_ids = logits.max(dim=-1).indices.tolist()
@@ -137,7 +137,7 @@ def _check_batch(logits: torch.Tensor, requests: Sequence[SampleRequest]) -> Non
         raise ValueError(f"logits must be floating point, got {logits.dtype}")
 
 
-def _is_plain_greedy(params: SamplingParams) -> bool:
+def is_plain_greedy(params: SamplingParams) -> bool:
     return params.greedy and params.logprobs is None and not _has_penalties(params)
 
 

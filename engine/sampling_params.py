@@ -30,6 +30,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to return with each token
     n: int = 1
+    speculative: bool = True  # False: never speculate for this request (output is the same)
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")

@@ -12,6 +12,10 @@ at offset ``p % block_size``; its *slot* is ``block * block_size + offset``::
 A step is a FLAT batch: the tokens of every scheduled chunk back to back. Chunk ``i`` owns
 tokens ``query_start_loc[i] .. query_start_loc[i+1]`` and, after the step, attends over
 positions ``0 .. context_lens[i] - 1`` (``start_positions[i]`` of them were cached before).
+
+A *tree chunk* (speculative verification, ``engine/scheduler/token_tree.py``) has
+``row_parents``: row ``r`` sits at position ``start + depth(r)`` and attends to the cached
+prefix and to its ancestor rows only, while its K/V still goes to slot ``start + r``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ class ChunkLike(Protocol):
 
     @property
     def block_table(self) -> tuple[int, ...]: ...
+
+    @property
+    def row_parents(self) -> tuple[int, ...]: ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -103,10 +110,15 @@ class StepLayout:
     start_positions: tuple[int, ...]
     context_lens: tuple[int, ...]
     block_tables: tuple[tuple[int, ...], ...]
+    # Per chunk: the parent row of each row (-1 = the root) for a tree chunk, else ().
+    row_parents: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_tokens(self) -> int:
         return self.query_start_loc[-1]
+
+    def tree_parents(self, chunk: int) -> tuple[int, ...]:
+        return self.row_parents[chunk] if self.row_parents else ()
 
 
 def layout_chunks(chunks: Sequence[ChunkLike], block_size: int) -> StepLayout:
@@ -125,11 +137,13 @@ def layout_chunks(chunks: Sequence[ChunkLike], block_size: int) -> StepLayout:
         starts.append(starts[-1] + chunk.num_tokens)
         context_lens.append(context_len)
         tables.append(tuple(chunk.block_table[:blocks_needed]))
+    parents = tuple(c.row_parents for c in chunks)
     return StepLayout(
         query_start_loc=tuple(starts),
         start_positions=tuple(c.start_pos for c in chunks),
         context_lens=tuple(context_lens),
         block_tables=tuple(tables),
+        row_parents=parents if any(parents) else (),
     )
 
 
@@ -160,12 +174,38 @@ def step_metadata(
 def token_positions(layout: StepLayout) -> list[int]:
     """Absolute position of every token of the flat batch, chunk after chunk."""
     positions: list[int] = []
-    for start, end in zip(layout.start_positions, layout.context_lens, strict=True):
+    for i, (start, end) in enumerate(zip(layout.start_positions, layout.context_lens, strict=True)):
         if end - start == 1:
             positions.append(start)
+        elif parents := layout.tree_parents(i):
+            positions.extend(start + depth for depth in row_depths(parents))
         else:
             positions.extend(range(start, end))
     return positions
+
+
+def row_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each row of a tree chunk below its root row (parents precede children)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
+def tree_ancestors(parents: Sequence[int]) -> list[int]:
+    """Per row of a tree chunk, a bitmask of the rows it attends to: bit ``c`` is set when
+    row ``c`` is the row itself or one of its ancestors (parents precede children)."""
+    bits: list[int] = []
+    for row, parent in enumerate(parents):
+        bits.append((bits[parent] if parent >= 0 else 0) | 1 << row)
+    return bits
+
+
+def tree_mask(parents: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``[n, n]`` bool: row ``r`` may attend to row ``c`` (``c`` is ``r`` or an ancestor)."""
+    n = len(parents)
+    rows = [[bool(bits >> c & 1) for c in range(n)] for bits in tree_ancestors(parents)]
+    return torch.tensor(rows, dtype=torch.bool, device=device)
 
 
 def slot_mapping(layout: StepLayout, block_size: int) -> list[int]:

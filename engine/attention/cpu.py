@@ -49,7 +49,7 @@ from pdserve.engine.attention.cpu_plan import (
     plan_native_decodes,
     plan_prefills,
 )
-from pdserve.engine.attention.cpu_prefill import attend_after_prefix, attend_fresh
+from pdserve.engine.attention.cpu_prefill import attend_after_prefix, attend_fresh, attend_tree
 from pdserve.engine.attention.native import BoundDecode, PagedDecodeKernel, load_paged_decode
 from pdserve.engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
 
@@ -158,12 +158,19 @@ class CpuAttentionBackend:
                 out.index_copy_(0, decode.token_rows, decoded)
         for chunk in data.prefills:
             span = slice(chunk.token_start, chunk.token_end)
-            if self._prefill_kernel is not None and self._prefill_kernel.preferred_for(q):
+            kernel = self._prefill_kernel
+            if kernel is not None and kernel.preferred_for(q):
                 assert chunk.max_block_id < kv_cache.shape[0], (
                     f"block {chunk.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
                 )
-                self._prefill_kernel(
-                    q[span], kv_cache, chunk.table, chunk.prefix_len, layer_idx, out[span]
+                kernel(
+                    q[span],
+                    kv_cache,
+                    chunk.table,
+                    chunk.prefix_len,
+                    layer_idx,
+                    out[span],
+                    chunk.tree_ancestors,
                 )
             else:
                 out[span] = self._prefill(q[span], k[span], v[span], gather_view, chunk, row_offset)
@@ -237,13 +244,18 @@ class CpuAttentionBackend:
         chunk: PrefillPlan,
         row_offset: int,
     ) -> torch.Tensor:
-        if chunk.gather_rows is None:
-            return attend_fresh(q, k, v)  # [n, H * D]
-        kv_heads, head_dim = gather_view.shape[2], gather_view.shape[3]
-        kv = self._gather(gather_view, chunk.gather_rows + row_offset)
-        # [2 * blocks, bs, KVH, D] -> [2, KVH, prefix_len, D] (a view of the scratch)
-        kv = kv.view(2, -1, kv_heads, head_dim)[:, : chunk.prefix_len].transpose(1, 2)
-        return attend_after_prefix(q, k, v, kv[0], kv[1])  # [n, H * D]
+        prefix = None
+        if chunk.gather_rows is not None:
+            kv_heads, head_dim = gather_view.shape[2], gather_view.shape[3]
+            kv = self._gather(gather_view, chunk.gather_rows + row_offset)
+            # [2 * blocks, bs, KVH, D] -> [2, KVH, prefix_len, D] (a view of the scratch)
+            kv = kv.view(2, -1, kv_heads, head_dim)[:, : chunk.prefix_len].transpose(1, 2)
+            prefix = (kv[0], kv[1])
+        if chunk.tree_mask is not None:
+            return attend_tree(q, k, v, prefix, chunk.tree_mask)  # [n, H * D]
+        if prefix is None:
+            return attend_fresh(q, k, v)
+        return attend_after_prefix(q, k, v, *prefix)
 
 
 def _attend_unmasked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdserve.engine.attention.base import StepLayout
+from pdserve.engine.attention.base import StepLayout, tree_ancestors, tree_mask
 
 
 @dataclass(slots=True, frozen=True)
@@ -65,6 +65,10 @@ class PrefillPlan:
     gather_rows: torch.Tensor | None  # [2 * prefix blocks]; None when prefix_len == 0
     table: torch.Tensor  # [blocks up to the chunk's end] int32
     max_block_id: int  # checked against the pool before the kernel dereferences any id
+    # A tree chunk (speculative verification), for torch: [n, n] bool, True = may attend;
+    # for the native kernel: [n] int64, bit c of row r set when r attends to row c.
+    tree_mask: torch.Tensor | None = None
+    tree_ancestors: torch.Tensor | None = None
 
 
 def plan_native_decodes(layout: StepLayout, device: torch.device) -> NativeDecodePlan | None:
@@ -195,6 +199,7 @@ def plan_prefills(
             prefix_blocks = layout.block_tables[i][: -(-start_pos // block_size)]
             rows = torch.tensor(gather_rows(prefix_blocks, num_layers), device=device)
         token_start, token_end = layout.query_start_loc[i], layout.query_start_loc[i + 1]
+        parents = layout.tree_parents(i)
         blocks = layout.block_tables[i][: -(-(start_pos + token_end - token_start) // block_size)]
         plans.append(
             PrefillPlan(
@@ -204,6 +209,10 @@ def plan_prefills(
                 gather_rows=rows,
                 table=torch.tensor(blocks, dtype=torch.int32, device=device),
                 max_block_id=max(blocks),
+                tree_mask=tree_mask(parents, device) if parents else None,
+                tree_ancestors=torch.tensor(tree_ancestors(parents), dtype=torch.int64)
+                if parents
+                else None,
             )
         )
     return tuple(plans)

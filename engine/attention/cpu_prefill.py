@@ -61,6 +61,31 @@ def attend_after_prefix(
     return merged.to(q.dtype).transpose(0, 1).reshape(n, -1)
 
 
+def attend_tree(
+    q: torch.Tensor,  # [n, H, D]: the rows of a tree chunk
+    k: torch.Tensor,  # [n, KVH, D]
+    v: torch.Tensor,  # [n, KVH, D]
+    prefix: tuple[torch.Tensor, torch.Tensor] | None,  # K, V [KVH, p, D]; None when p == 0
+    mask: torch.Tensor,  # [n, n] bool: row r sees row c (c is r or one of its ancestors)
+) -> torch.Tensor:
+    """A tree chunk: every row sees the whole prefix and its own ancestors -> ``[n, H * D]``.
+
+    One SDPA call with an explicit mask: a tree holds tens of rows, so the mask is small.
+    """
+    n = q.shape[0]
+    keys, values = _heads_first(k), _heads_first(v)  # [1, KVH, n, D]
+    if prefix is not None:
+        keys = torch.cat((prefix[0][None], keys), dim=2)
+        values = torch.cat((prefix[1][None], values), dim=2)
+        visible = torch.cat((mask.new_ones(n, prefix[0].shape[1]), mask), dim=1)
+    else:
+        visible = mask
+    out = F.scaled_dot_product_attention(
+        _heads_first(q), keys, values, attn_mask=visible, enable_gqa=True
+    )  # [1, H, n, D]
+    return out[0].transpose(0, 1).reshape(n, -1)
+
+
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).unsqueeze(0)  # [n, heads, D] -> [1, heads, n, D]
 

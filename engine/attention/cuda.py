@@ -14,6 +14,10 @@ never pulls in CUDA code. All chunks of a step run in one ``flash_attn_varlen_fu
   per-layer K/V views ``[num_blocks, block_size, kv_heads, head_dim]`` and a block table;
 * otherwise: gather each chunk's blocks into packed ``[total_context, kv_heads, head_dim]``
   K/V first (one ``index_select`` per layer), then call the same function.
+
+Tree chunks (speculative verification) need a mask flash-attn cannot express: their rows
+are recomputed after the varlen call with one masked SDPA each over the chunk's gathered
+prefix (``attend_tree``, the CPU backend's function; a tree holds tens of rows).
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ from typing import Any
 
 import torch
 
-from pdserve.engine.attention.base import AttentionMetadata, StepLayout, step_metadata, write_kv
+from pdserve.engine.attention.base import (
+    AttentionMetadata,
+    StepLayout,
+    step_metadata,
+    tree_mask,
+    write_kv,
+)
+from pdserve.engine.attention.cpu_prefill import attend_tree
 
 _PAGED_KV_PAGE_MULTIPLE = 256
 
@@ -38,6 +49,16 @@ class _CudaStepData:
     block_table: torch.Tensor | None  # [num_chunks, max_blocks] int32, paged mode only
     gather_block_rows: torch.Tensor | None  # [total_blocks] layer-0 K block rows, packed mode
     keep_tokens: torch.Tensor | None  # [total_context] rows of the gathered tokens to keep
+    trees: tuple[_TreeChunk, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class _TreeChunk:
+    token_start: int
+    token_end: int
+    prefix_len: int
+    prefix_block_rows: torch.Tensor  # [prefix blocks] layer-0 K block rows
+    mask: torch.Tensor  # [n, n] bool
 
 
 class FlashAttnBackend:
@@ -60,6 +81,7 @@ class FlashAttnBackend:
             block_table=_padded_table(layout, device) if paged else None,
             gather_block_rows=None if paged else _block_rows(layout, num_layers, device),
             keep_tokens=None if paged else _keep_tokens(layout, block_size, device),
+            trees=_tree_chunks(layout, block_size, num_layers, device),
         )
         return step_metadata(layout, block_size, num_layers, device, self, data)
 
@@ -95,7 +117,12 @@ class FlashAttnBackend:
             causal=True,
             block_table=data.block_table,
         )
-        return out.reshape(q.shape[0], -1)  # [T, H * D]
+        out = out.reshape(q.shape[0], -1)  # [T, H * D]
+        for tree in data.trees:
+            rows = slice(tree.token_start, tree.token_end)
+            prefix = _gather_prefix(kv_cache, layer_idx, tree) if tree.prefix_len else None
+            out[rows] = attend_tree(q[rows], k[rows], v[rows], prefix, tree.mask)
+        return out
 
 
 def make_flash_attn_backend() -> FlashAttnBackend:
@@ -140,6 +167,41 @@ def _keep_tokens(layout: StepLayout, block_size: int, device: torch.device) -> t
         keep.extend(range(first, first + context_len))
         block_offset += len(table)
     return torch.tensor(keep, dtype=torch.int64, device=device)
+
+
+def _tree_chunks(
+    layout: StepLayout, block_size: int, num_layers: int, device: torch.device
+) -> tuple[_TreeChunk, ...]:
+    trees = []
+    for i, start in enumerate(layout.start_positions):
+        parents = layout.tree_parents(i)
+        if not parents:
+            continue
+        blocks = layout.block_tables[i][: -(-start // block_size)]
+        trees.append(
+            _TreeChunk(
+                token_start=layout.query_start_loc[i],
+                token_end=layout.query_start_loc[i + 1],
+                prefix_len=start,
+                prefix_block_rows=torch.tensor(
+                    [b * num_layers * 2 for b in blocks], dtype=torch.int64, device=device
+                ),
+                mask=tree_mask(parents, device),
+            )
+        )
+    return tuple(trees)
+
+
+def _gather_prefix(
+    kv_cache: torch.Tensor, layer_idx: int, tree: _TreeChunk
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tree chunk's cached K and V, ``[KVH, prefix_len, D]`` each."""
+    block_size, kv_heads, head_dim = kv_cache.shape[3:]
+    gather_view = kv_cache.view(-1, block_size, kv_heads, head_dim)
+    k_rows = tree.prefix_block_rows + 2 * layer_idx
+    keys = gather_view.index_select(0, k_rows).view(-1, kv_heads, head_dim)[: tree.prefix_len]
+    values = gather_view.index_select(0, k_rows + 1).view(-1, kv_heads, head_dim)
+    return keys.transpose(0, 1), values[: tree.prefix_len].transpose(0, 1)
 
 
 def _gather_packed(

@@ -21,15 +21,20 @@ SOURCE = CSRC / "paged_prefill.c"
 CFLAGS = (*BASE_CFLAGS, "-ffp-contract=fast", "-fno-trapping-math")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
-    _PTR, _I64, _I64, _I64,  # q, q_row_stride, n, start
+    _PTR, _I64, _I64, _I64, _PTR,  # q, q_row_stride, n, start, ancestors (NULL: causal)
     _PTR, _PTR, _PTR, _I64,  # pool, table, out, out_row_stride
     _I64, _I64, _I64, _I64, _I64, _I64,  # heads, kv_heads, head_dim, layers, block_size, layer
     ctypes.c_int, ctypes.c_int,  # bf16, num_threads
 ]  # fmt: skip
 
 
+# Rows of a token tree the kernel takes (a row's ancestors are bits of one uint64).
+MAX_TREE_ROWS = 64
+
+
 class PagedPrefillKernel:
-    """Causal attention of one sequence's prefill chunk over the paged pool (see the C file)."""
+    """Causal attention of one sequence's prefill chunk over the paged pool, or a token
+    tree's attention by ancestry (see the C file)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._fn = library.pdserve_paged_prefill
@@ -58,6 +63,7 @@ class PagedPrefillKernel:
         start: int,  # position of the chunk's first token
         layer_idx: int,
         out: torch.Tensor,  # [n, H * D], rows written
+        ancestors: torch.Tensor | None = None,  # [n] int64: bit c of row r = r sees row c
     ) -> None:
         n, num_heads, head_dim = q.shape
         num_layers, block_size, kv_heads = kv_cache.shape[1], kv_cache.shape[3], kv_cache.shape[4]
@@ -70,8 +76,12 @@ class PagedPrefillKernel:
         assert table.dtype == torch.int32 and table.is_contiguous(), "table not dense int32"
         assert table.shape[0] * block_size >= start + n, "table shorter than the chunk's end"
         assert q.device.type == kv_cache.device.type == "cpu", "the kernel runs on CPU tensors"
+        if ancestors is not None:
+            assert ancestors.dtype == torch.int64 and ancestors.is_contiguous(), "not dense int64"
+            assert ancestors.shape == (n,) and n <= MAX_TREE_ROWS, f"{n} rows, {ancestors.shape}"
+        tree = None if ancestors is None else ancestors.data_ptr()
         status = self._fn(
-            q.data_ptr(), q.stride(0), n, start, kv_cache.data_ptr(), table.data_ptr(),
+            q.data_ptr(), q.stride(0), n, start, tree, kv_cache.data_ptr(), table.data_ptr(),
             out.data_ptr(), out.stride(0), num_heads, kv_heads, head_dim, num_layers,
             block_size, layer_idx, int(q.dtype == torch.bfloat16), torch.get_num_threads(),
         )  # fmt: skip

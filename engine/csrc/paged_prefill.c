@@ -30,7 +30,9 @@
  * sum_d K[j][d] * qt[d][g]; the running softmax keeps a max and a sum per lane; the output
  * ot[d][g] += V[j][d] * p[j][g]. STEP_KEYS keys (any blocks) make one softmax step.
  * Causality is a per-lane mask in the steps that reach past the item's first token. In fp32,
- * products and sums are fp32 throughout.
+ * products and sums are fp32 throughout. A token tree (speculative verification) replaces
+ * causality inside the chunk by each row's ancestors: the mask of a chunk key is then the
+ * lanes that descend from it (Tree), the prefix before the chunk being seen by all.
  *
  * The softmax was a third of the bf16 kernel's time (one thread, 2,048 tokens after 1,024:
  * 80.5 ms in all, 54.6 of them folding keys in, of which ~30 the weights x V); on AVX-512
@@ -47,7 +49,18 @@
 #include "exp_poly.h"
 #include "pool_geometry.h"
 
-enum { LANES = 16, KEY_TILE = 8, MAX_VECS = 3, STEP_KEYS = 128 };
+enum { LANES = 16, KEY_TILE = 8, MAX_VECS = 3, STEP_KEYS = 128, MAX_TREE_ROWS = 64 };
+
+/* A token tree's visibility inside one item: lanes[c] has bit i set when lane i's row sees
+ * chunk row c (at position start + c). Keys before start are seen by every lane. */
+typedef struct {
+    int64_t start;
+    uint16_t lanes[MAX_TREE_ROWS];
+} Tree;
+
+static inline int in_tree(const Tree *tree, int64_t pos) {
+    return tree != NULL && pos >= tree->start;
+}
 
 /* s[j][g] = sum_d k[j][d] * qt[d][g] for keys j0 .. j0 + nk - 1 (nk <= KEY_TILE) and
  * query vectors g0 .. g0 + NV - 1 of nv_all. */
@@ -220,7 +233,7 @@ static void score_keys(const Geometry *geo, const void *const *keys, int bf16, i
  * vectors, exp_nonpositive16, and for bf16 each pair of weights rounded and interleaved in
  * two ops (vcvtne2ps2bf16, vpermw) as it is made. */
 static void softmax_keys(int64_t G, int bf16, int64_t n, int64_t first, int64_t pos0,
-                         Scratch *w) {
+                         const Tree *tree, Scratch *w) {
     typedef int16_t i16x32 __attribute__((vector_size(64)));
     const __m512i lane_pos = _mm512_add_epi32(
         _mm512_set1_epi32((int32_t)pos0),
@@ -229,8 +242,10 @@ static void softmax_keys(int64_t G, int bf16, int64_t n, int64_t first, int64_t 
     const __m512i interleave = (__m512i)(i16x32){0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
                                                  21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
                                                  11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const int masked = first + n - 1 > pos0; /* some key lies past some lane's position */
-#define SEES(pos) _mm512_cmpge_epi32_mask(lane_pos, _mm512_set1_epi32((int32_t)(pos)))
+    const int masked = first + n - 1 > pos0 || in_tree(tree, first + n - 1);
+#define SEES(pos)                                                                              \
+    (in_tree(tree, pos) ? (__mmask16)tree->lanes[(pos) - tree->start]                          \
+                        : _mm512_cmpge_epi32_mask(lane_pos, _mm512_set1_epi32((int32_t)(pos))))
     for (int64_t g = 0; g < G; ++g) {
         __m512 *s = (__m512 *)w->s + g; /* key j's scores at s[j * G] */
         __m512 top = (__m512)w->m[g];
@@ -266,17 +281,26 @@ static void softmax_keys(int64_t G, int bf16, int64_t n, int64_t first, int64_t 
     (void)bf16;
 }
 #else
+/* -1 in the lanes that must not see the key at pos, 0 in the others. */
+static i16v hidden_lanes(const Tree *tree, int64_t pos, i16v lane_pos) {
+    if (!in_tree(tree, pos)) return (int32_t)pos > lane_pos;
+    i16v hidden;
+    const uint16_t bits = tree->lanes[pos - tree->start];
+    for (int i = 0; i < LANES; ++i) hidden[i] = (bits >> i) & 1 ? 0 : -1;
+    return hidden;
+}
+
 static void softmax_keys(int64_t G, int bf16, int64_t n, int64_t first, int64_t pos0,
-                         Scratch *w) {
+                         const Tree *tree, Scratch *w) {
     (void)bf16; /* a bf16 pool needs AVX-512 BF16 (pdserve_paged_prefill refuses it here) */
     i16v lane_pos;
     for (int i = 0; i < LANES; ++i) lane_pos[i] = (int32_t)(pos0 + i);
-    const int masked = first + n - 1 > pos0; /* some key lies past some lane's position */
+    const int masked = first + n - 1 > pos0 || in_tree(tree, first + n - 1);
     for (int64_t g = 0; g < G; ++g) {
         v16 top = w->m[g];
         for (int64_t j = 0; j < n; ++j) {
             v16 *s = &w->s[j * G + g];
-            if (masked) *s = select16((int32_t)(first + j) > lane_pos, splat16(-FLT_MAX), *s);
+            if (masked) *s = select16(hidden_lanes(tree, first + j, lane_pos), splat16(-FLT_MAX), *s);
             top = max16(top, *s);
         }
         const v16 shrink = exp_poly_v16(w->m[g] - top);
@@ -284,7 +308,7 @@ static void softmax_keys(int64_t G, int bf16, int64_t n, int64_t first, int64_t 
         for (int64_t j = 0; j < n; ++j) {
             v16 *s = &w->s[j * G + g];
             v16 p = exp_poly_v16(*s - top);
-            if (masked) p = select16((int32_t)(first + j) > lane_pos, (v16){0}, p);
+            if (masked) p = select16(hidden_lanes(tree, first + j, lane_pos), (v16){0}, p);
             *s = p;
             sum += p;
         }
@@ -298,9 +322,9 @@ static void softmax_keys(int64_t G, int bf16, int64_t n, int64_t first, int64_t 
 /* Fold n keys (positions first .. first + n - 1, scores in w->s, V rows at values[j] or, for
  * bf16, in w->vp) into the item's running softmax and output. */
 static void fold_keys(const Geometry *geo, const float *const *values, int bf16, int64_t n,
-                      int64_t first, int64_t pos0, Scratch *w) {
+                      int64_t first, int64_t pos0, const Tree *tree, Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
-    softmax_keys(G, bf16, n, first, pos0, w);
+    softmax_keys(G, bf16, n, first, pos0, tree, w);
 #ifdef PP_BF16_PAIRS
     if (bf16) {
         for (int64_t d0 = 0; d0 < D; d0 += 8)
@@ -377,10 +401,16 @@ static void load_queries(const Geometry *geo, const void *q, int64_t q_stride, i
 
 /* One item: kv head h, tokens t0 .. t0 + 15 (those below n) of the chunk. */
 static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64_t n,
-                     int64_t start, const void *pool, int bf16, const int32_t *table, int64_t h,
-                     int64_t t0, void *out, int64_t out_stride, Scratch *w) {
+                     int64_t start, const uint64_t *ancestors, const void *pool, int bf16,
+                     const int32_t *table, int64_t h, int64_t t0, void *out,
+                     int64_t out_stride, Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     const int64_t live = n - t0 < LANES ? n - t0 : LANES;
+    Tree tree = {start, {0}};
+    if (ancestors != NULL) /* lanes[c]: the lanes whose row is chunk row c or descends from it */
+        for (int64_t c = 0; c < n; ++c)
+            for (int64_t i = 0; i < live; ++i)
+                tree.lanes[c] |= (uint16_t)(((ancestors[t0 + i] >> c) & 1u) << i);
     load_queries(geo, q, q_stride, bf16, h, t0, live, w);
     for (int64_t g = 0; g < G; ++g) {
         w->m[g] = splat16(-FLT_MAX);
@@ -394,7 +424,7 @@ static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64
         const int64_t n_keys = keys_end - first < STEP_KEYS ? keys_end - first : STEP_KEYS;
         step_rows(geo, pool, bf16, table, h, first, n_keys, keys, values, w);
         score_keys(geo, keys, bf16, n_keys, w);
-        fold_keys(geo, values, bf16, n_keys, first, pos0, w);
+        fold_keys(geo, values, bf16, n_keys, first, pos0, ancestors ? &tree : NULL, w);
     }
     for (int64_t g = 0; g < G; ++g) {
         const v16 inv = 1.0f / w->l[g];
@@ -414,15 +444,19 @@ static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64
 
 /* out[t][h][:] for the chunk's n tokens (rows out_stride apart; q rows q_stride apart, heads
  * of D values side by side); q, pool and out all fp32 (bf16 = 0) or all bf16. table: the
- * sequence's block ids, covering start + n positions. Returns 0; -1 when scratch could not
- * be allocated; -2 for bf16 in a build without AVX-512 BF16. */
+ * sequence's block ids, covering start + n positions. ancestors: NULL for a causal chunk; for
+ * a token tree (n <= MAX_TREE_ROWS), bit c of ancestors[r] set when row r sees chunk row c.
+ * Returns 0; -1 when scratch could not be allocated; -2 for bf16 in a build without AVX-512
+ * BF16; -3 for a tree of more than MAX_TREE_ROWS rows. */
 int pdserve_paged_prefill(const void *q, int64_t q_stride, int64_t n, int64_t start,
-                          const void *pool, const int32_t *table, void *out, int64_t out_stride,
-                          int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t num_layers,
-                          int64_t block_size, int64_t layer, int bf16, int num_threads) {
+                          const uint64_t *ancestors, const void *pool, const int32_t *table,
+                          void *out, int64_t out_stride, int64_t heads, int64_t kv_heads,
+                          int64_t head_dim, int64_t num_layers, int64_t block_size, int64_t layer,
+                          int bf16, int num_threads) {
 #ifndef PP_BF16_PAIRS
     if (bf16) return -2;
 #endif
+    if (ancestors != NULL && n > MAX_TREE_ROWS) return -3;
     const Geometry geo = pool_geometry(heads, kv_heads, head_dim, num_layers, block_size, layer);
     const int64_t G = heads / kv_heads, items_per_head = (n + LANES - 1) / LANES;
     const int64_t items = items_per_head * kv_heads;
@@ -445,8 +479,8 @@ int pdserve_paged_prefill(const void *q, int64_t q_stride, int64_t n, int64_t st
 #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < items; ++item) {
                 const int64_t t0 = (items_per_head - 1 - item / kv_heads) * LANES;
-                run_item(&geo, q, q_stride, n, start, pool, bf16, table, item % kv_heads, t0,
-                         out, out_stride, &w);
+                run_item(&geo, q, q_stride, n, start, ancestors, pool, bf16, table,
+                         item % kv_heads, t0, out, out_stride, &w);
             }
             free(buffer);
         }

@@ -86,15 +86,21 @@ class BlockPool:
             self._events.append(BlocksRemoved(tuple(evicted)))
         return taken
 
-    def free(self, block_ids: Iterable[int]) -> None:
+    def free(self, block_ids: Iterable[int], reuse_first: bool = False) -> None:
         """Drop one reference from each block, in the given order; a block whose count
-        reaches 0 joins the tail of the free queue (so earlier ids are evicted earlier)."""
+        reaches 0 joins the tail of the free queue (so earlier ids are evicted earlier).
+
+        ``reuse_first``: blocks that cache nothing go to the head instead (speculative
+        slots rolled back): the next allocation takes them, not a cached block.
+        """
         for block_id in block_ids:
             block = self._blocks[block_id]
             assert block.ref_cnt > 0, f"double free of block {block_id}"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self._free[block_id] = None
+                if reuse_first and block.block_hash is None:
+                    self._free.move_to_end(block_id, last=False)
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take one more reference on each block; a free (cached) block leaves the queue."""

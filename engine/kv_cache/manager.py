@@ -106,8 +106,10 @@ class KVCacheManager:
         num_computed_tokens: int,
         num_new_tokens: int,
         prefix: PrefixMatch | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> list[int] | None:
-        """Make the block table cover ``num_computed_tokens + num_new_tokens`` positions.
+        """Make the block table cover ``num_computed_tokens + num_new_tokens`` positions
+        (plus ``num_lookahead_tokens`` slots for speculative tokens, never cached).
 
         ``token_ids`` are all the sequence's known tokens. On a sequence's first call,
         ``prefix`` (from :meth:`lookup_prefix` on the same tokens, just before) is adopted and
@@ -118,6 +120,8 @@ class KVCacheManager:
         self._check_range(seq_id, token_ids, num_computed_tokens, num_new_tokens)
         state = self._seqs.get(seq_id)
         if state is None:
+            if num_lookahead_tokens:
+                raise ValueError(f"sequence {seq_id!r}: speculative slots need a running sequence")
             return self._allocate_first(
                 seq_id, token_ids, num_computed_tokens, num_new_tokens, prefix or PrefixMatch()
             )
@@ -126,7 +130,7 @@ class KVCacheManager:
                 f"sequence {seq_id!r} already holds {len(state.block_ids)} blocks; "
                 "pass a prefix only on its first allocate"
             )
-        end = num_computed_tokens + num_new_tokens
+        end = num_computed_tokens + num_new_tokens + num_lookahead_tokens
         num_grow = max(0, self.num_blocks_for_tokens(end) - len(state.block_ids))
         shared = state.shared_write_indices(num_computed_tokens, end)
         fresh = self._pool.allocate(num_grow + len(shared))
@@ -143,6 +147,19 @@ class KVCacheManager:
         """Register the sequence's full blocks whose tokens are all computed (KV written)."""
         self._check_range(seq_id, token_ids, num_computed_tokens, 0)
         self._state(seq_id).commit(token_ids, num_computed_tokens)
+
+    def truncate(self, seq_id: str, num_tokens: int) -> None:
+        """Roll back to ``num_tokens`` positions: free the blocks past them (speculative slots
+        of rejected tokens), to be reused first. The cached blocks stay (all are kept)."""
+        state = self._state(seq_id)
+        keep = self.num_blocks_for_tokens(num_tokens)
+        assert state.num_cached <= keep, (
+            f"truncating {seq_id!r} to {num_tokens} tokens would drop a cached block"
+        )
+        if keep < len(state.block_ids):
+            dropped = state.block_ids[keep:]
+            del state.block_ids[keep:]
+            self._pool.free(reversed(dropped), reuse_first=True)
 
     def fork(self, parent_id: str, child_id: str) -> None:
         """Give ``child_id`` the parent's whole block table (shared, ref_cnt + 1 each).

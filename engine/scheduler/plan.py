@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdserve.engine.scheduler.token_tree import TokenTree
+
 
 @dataclass(slots=True, frozen=True)
 class ScheduledChunk:
@@ -20,6 +22,11 @@ class ScheduledChunk:
     ``block_table[p // block_size]`` at offset ``p % block_size``).
     ``sample`` is true when the chunk ends at the sequence's last known token, so the
     runner must return logits for its last position.
+
+    A *verify chunk* (``tree`` set) is the sequence's one pending token followed by a
+    :class:`TokenTree` of speculative candidates: ``token_ids == (root, *tree.tokens)``,
+    every row is sampled, and the block table also covers the tree's slots (see
+    ``token_tree.py`` for positions, slots and attention).
     """
 
     seq_id: str
@@ -27,6 +34,21 @@ class ScheduledChunk:
     start_pos: int
     block_table: tuple[int, ...]
     sample: bool
+    tree: TokenTree | None = None
+
+    @property
+    def num_sampled_rows(self) -> int:
+        """Rows of logits this chunk gets: every row of a verify chunk, else 0 or 1."""
+        if self.tree is not None:
+            return len(self.token_ids)
+        return 1 if self.sample else 0
+
+    @property
+    def row_parents(self) -> tuple[int, ...]:
+        """Verify chunk: the parent row of each row (-1 for the root); else () (causal)."""
+        if self.tree is None:
+            return ()
+        return (-1, *(p + 1 for p in self.tree.parents))
 
     @property
     def num_tokens(self) -> int:

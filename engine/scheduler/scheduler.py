@@ -8,7 +8,7 @@ The engine loop around it::
         plan = scheduler.schedule()                     # BatchPlan: chunks, COW copies
         sampled = runner.execute(plan)                  # {seq_id: token} for sample=True
         for u in scheduler.update(plan, sampled):       # SequenceUpdate per sampled seq
-            ...stream u.new_token_id; call scheduler.finish(u.seq_id, "stop") on stop strings
+            ...stream u.new_token_ids; call scheduler.finish(u.seq_id, "stop") on stop strings
 
 A step is decode-first and stall-free: every running sequence with one pending token gets
 it (preempting the newest sequences by recompute if blocks run out), then prefill chunks
@@ -30,7 +30,7 @@ from pdserve.engine.scheduler.prefill import PrefillScheduler
 from pdserve.engine.scheduler.sequence import Sequence, SequenceStatus
 from pdserve.engine.scheduler.state import SchedulerState
 from pdserve.engine.scheduler.step import StepBuilder
-from pdserve.engine.scheduler.update import SequenceUpdate, StepUpdater
+from pdserve.engine.scheduler.update import Sampled, SequenceUpdate, StepUpdater
 
 _FINISH_BY_REASON = {
     "stop": SequenceStatus.FINISHED_STOPPED,
@@ -153,7 +153,7 @@ class Scheduler:
         self._prefill.schedule(step, admit_waiting=not step.preempted_ids)
         return step.build(self.kv.take_block_copies())
 
-    def update(self, plan: BatchPlan, sampled: Mapping[str, int]) -> list[SequenceUpdate]:
+    def update(self, plan: BatchPlan, sampled: Mapping[str, Sampled]) -> list[SequenceUpdate]:
         """Apply the results of ``plan``: ``sampled`` maps each ``sample=True`` chunk's
         seq_id to its new token. Returns one update per sampled sequence, in plan order."""
         return self._updater.apply(plan, sampled)
@@ -193,6 +193,10 @@ class Scheduler:
     @property
     def num_held(self) -> int:
         return len(self._state.held)
+
+    def decoding(self) -> list[Sequence]:
+        """Running sequences with one token to compute (they may speculate), oldest first."""
+        return [s for s in self._state.running_by_arrival() if s.num_pending_tokens == 1]
 
     def get(self, seq_id: str) -> Sequence | None:
         """A live (unfinished, or finished and holding KV) sequence by id."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.scheduler.token_tree import TokenTree
 
 
 class SequenceStatus(enum.Enum):
@@ -43,6 +44,8 @@ class Sequence:
     compute are ``all_token_ids[num_computed_tokens:]`` (at least the last sampled one while
     running). ``arrival`` is set by the scheduler on ``add`` and orders FCFS and preemption.
     ``hold_kv`` (prefill role): on finishing, keep the blocks until ``Scheduler.release``.
+    ``proposal``: speculative candidates for the next step, set by the engine before
+    ``schedule`` and taken by it (verified in the step, or dropped when they do not fit).
     """
 
     seq_id: str
@@ -56,6 +59,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prefix-cache hit at the last admission (stats)
     finish_reason: str | None = None
     arrival: int = -1
+    proposal: TokenTree | None = None
 
     def __post_init__(self) -> None:
         if not self.seq_id:

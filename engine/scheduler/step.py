@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
 from pdserve.engine.scheduler.sequence import Sequence
+from pdserve.engine.scheduler.token_tree import TokenTree
 
 
 class StepBuilder:
@@ -42,6 +43,21 @@ class StepBuilder:
         )
         self._chunks.append(chunk)
         self.num_tokens += num_tokens
+        self.scheduled_ids.add(seq.seq_id)
+
+    def add_tree(self, seq: Sequence, tree: TokenTree, block_table: list[int]) -> None:
+        """Schedule ``seq``'s one pending token with a tree of candidates to verify."""
+        assert seq.num_pending_tokens == 1 and tree, f"{seq.seq_id!r} cannot verify a tree"
+        chunk = ScheduledChunk(
+            seq_id=seq.seq_id,
+            token_ids=(seq.token_view[-1], *tree.tokens),
+            start_pos=seq.num_computed_tokens,
+            block_table=tuple(block_table),
+            sample=True,
+            tree=tree,
+        )
+        self._chunks.append(chunk)
+        self.num_tokens += chunk.num_tokens
         self.scheduled_ids.add(seq.seq_id)
 
     def build(self, block_copies: list[tuple[int, int]]) -> BatchPlan:

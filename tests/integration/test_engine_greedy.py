@@ -32,6 +32,7 @@ PROMPTS = [
     _LONG,  # > 512 tokens: exercises every chunk size below
 ]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+DRAFT = "smollm2-135m-instruct"  # the only model here: the default model as its own draft
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,9 @@ def test_offline_engine_matches_transformers(
         pytest.param({"long_prefill_token_threshold": 64}, id="chunk-64"),
         pytest.param({"long_prefill_token_threshold": 512}, id="chunk-512"),
         pytest.param({"max_num_seqs": 1}, id="batch-1"),
+        pytest.param({"speculative": "ngram"}, id="speculative-ngram"),
+        pytest.param({"speculative": "ngram", "max_num_seqs": 1}, id="speculative-ngram-batch-1"),
+        pytest.param({"speculative": "draft", "draft_model": DRAFT}, id="speculative-draft"),
     ],
 )
 def test_engine_settings_never_change_a_token(
@@ -123,6 +127,35 @@ def test_forced_preemption_recomputes_identically(
     assert tokens == hf_greedy
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculation_under_forced_preemption_changes_no_token(
+    loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]], method: str
+) -> None:
+    tokens, llm = run(loaded, prompt_ids, num_blocks=56, speculative=method, draft_model=DRAFT)
+    assert llm.engine.scheduler.stats().num_preemptions > 0
+    speculator = llm.engine.speculator
+    assert speculator is not None and speculator.stats.accepted_tokens > 0
+    assert tokens == hf_greedy
+
+
+def test_the_model_as_its_own_draft_accepts_every_candidate(
+    loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    """Same weights, greedy: the draft's first choice is the target's argmax at every depth.
+    The second-choice branches are rejected by construction, so count the chains."""
+    tokens, llm = run(loaded, prompt_ids, speculative="draft", draft_model=DRAFT)
+    assert tokens == hf_greedy
+    speculator = llm.engine.speculator
+    assert speculator is not None
+    stats = speculator.stats
+    # Every verify step keeps its whole chain: the depth the policy gave it.
+    assert stats.verify_steps > 0
+    assert stats.accepted_tokens == stats.chain_tokens, (
+        f"{stats.chain_tokens - stats.accepted_tokens} of {stats.chain_tokens} chain "
+        "candidates rejected"
+    )
+
+
 def test_step_observer_sees_every_step_and_changes_no_token(
     loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
@@ -139,14 +172,26 @@ def test_step_observer_sees_every_step_and_changes_no_token(
         assert record.logits.shape[0] == sum(c.sample for c in record.plan.chunks)
 
 
+@pytest.mark.parametrize(
+    "decode_config",
+    [
+        pytest.param({}, id="plain"),
+        pytest.param({"speculative": "ngram"}, id="speculative-ngram"),
+        pytest.param({"speculative": "draft", "draft_model": DRAFT}, id="speculative-draft"),
+    ],
+)
 def test_prefill_then_decode_in_another_engine(
-    loaded: LoadedModel, prompt_ids: list[list[int]], hf_greedy: list[list[int]]
+    loaded: LoadedModel,
+    prompt_ids: list[list[int]],
+    hf_greedy: list[list[int]],
+    decode_config: dict,
 ) -> None:
     """The role hooks: one engine prefills and keeps KV, its blocks are copied into another
-    engine's reservation, which continues the sequence (what the workers do over NIXL)."""
+    engine's reservation, which continues the sequence (what the workers do over NIXL), with
+    or without speculation on the decode side."""
     prefill = LLM(loaded=loaded).engine
-    decode = LLM(loaded=loaded).engine
-    for i, ids in enumerate(prompt_ids[:3]):
+    decode = LLM(loaded=loaded, **decode_config).engine
+    for i, ids in enumerate([prompt_ids[0], prompt_ids[2], prompt_ids[-1]]):
         rid = f"r{i}"
         prefill.add_prefill_request(rid, ids, GREEDY)
         first = [o for o in _drain(prefill) if o.request_id == rid]
@@ -159,8 +204,10 @@ def test_prefill_then_decode_in_another_engine(
         prefill.release(rid)
         assert decode.admit_imported(rid, ids, GREEDY, first[0].token_ids[0])
         rest = [t for o in _drain(decode) if o.request_id == rid for t in o.token_ids]
-        assert [first[0].token_ids[0], *rest] == hf_greedy[i]
+        assert [first[0].token_ids[0], *rest] == hf_greedy[[0, 2, -1][i]]
     assert prefill.kv.num_free_blocks == prefill.kv.num_blocks
+    if decode.speculator is not None:
+        assert decode.speculator.stats.accepted_tokens > 0
 
 
 def _drain(engine: Any) -> list[Any]:

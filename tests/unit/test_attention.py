@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from pdserve.engine.attention import get_backend, layout_chunks
-from pdserve.engine.attention.base import AttentionBackend
+from pdserve.engine.attention.base import AttentionBackend, slot_mapping, token_positions
 from pdserve.engine.attention.cpu import CpuAttentionBackend
 from pdserve.engine.attention.cpu_plan import plan_native_decodes
 
@@ -22,6 +22,7 @@ class Chunk:
     start_pos: int
     num_tokens: int
     block_table: tuple[int, ...]
+    row_parents: tuple[int, ...] = ()
 
 
 @dataclass
@@ -175,3 +176,68 @@ def test_unknown_backend_names_the_choices() -> None:
 
 def test_auto_is_cpu_on_cpu() -> None:
     assert get_backend("auto", "cpu").name.startswith("cpu")
+
+
+# Token trees (speculative verification): the parent row of each row, -1 for the root.
+TREES = {
+    "chain": (-1, 0, 1, 2, 3),
+    "branches": (-1, 0, 1, 0, 3, 0, 1),  # root -> a -> b, root -> c -> d, root -> e, a -> f
+    "wide": (-1, 0, 0, 0, 0, 0, 0, 0, 0),
+    "deep_then_side": (-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 1, 18),
+}
+
+
+def tree_reference(case: Case, parents_of: dict[int, tuple[int, ...]]) -> torch.Tensor:
+    """Row r of a tree chunk sees the prefix, then chunk rows that are r or its ancestors."""
+    outs, token = [], 0
+    for i, (chunk, k, v) in enumerate(zip(case.chunks, case.full_k, case.full_v, strict=True)):
+        n, start = chunk.num_tokens, chunk.start_pos
+        q = case.q[token : token + n].transpose(0, 1)  # [H, n, D]
+        keys = k.transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, dim=0)  # [H, ctx, D]
+        values = v.transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, dim=0)
+        mask = torch.zeros(n, start + n, dtype=torch.bool)
+        mask[:, :start] = True
+        for row in range(n):
+            if i in parents_of:
+                ancestor = row
+                while ancestor >= 0:
+                    mask[row, start + ancestor] = True
+                    ancestor = parents_of[i][ancestor]
+            else:
+                mask[row, : start + row + 1] = True
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        outs.append(out.transpose(0, 1).reshape(n, HEADS * HEAD_DIM))
+        token += n
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend_name", ["cpu-native", "cpu-grouped"])
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_tree_chunks_attend_by_ancestry(tree: str, backend_name: str, dtype: torch.dtype) -> None:
+    """A tree chunk among decodes and a prefill chunk: each tree row sees the cached prefix
+    and its ancestors only (the native kernel by ancestor bits, torch by an explicit mask)."""
+    parents = TREES[tree]
+    spans = [(9, 1), (21, len(parents)), (0, 5), (6, len(parents))]
+    case = make_case(spans, seed=len(parents))
+    trees = {1: parents, 3: parents}
+    case.chunks = [
+        Chunk(c.start_pos, c.num_tokens, c.block_table, trees.get(i, ()))
+        for i, c in enumerate(case.chunks)
+    ]
+    case = with_dtype(case, dtype)
+    write_cached_prefix(case, layer=1)
+    out = run_backend(BACKENDS[backend_name](), case, layer=1)
+    expected = tree_reference(with_dtype(case, torch.float32), trees)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_a_chain_is_a_causal_chunk() -> None:
+    """Positions of a chain's rows run on like a prefill chunk's; a branch's repeat a depth."""
+    chain = Chunk(7, 4, (0, 1, 2), row_parents=(-1, 0, 1, 2))
+    branched = Chunk(7, 4, (0, 1, 2), row_parents=(-1, 0, 0, 2))
+    assert token_positions(layout_chunks([chain], BLOCK_SIZE)) == [7, 8, 9, 10]
+    assert token_positions(layout_chunks([branched], BLOCK_SIZE)) == [7, 8, 8, 9]
+    slots = slot_mapping(layout_chunks([branched], BLOCK_SIZE), BLOCK_SIZE)
+    assert slots == [1 * 4 + 3, 2 * 4 + 0, 2 * 4 + 1, 2 * 4 + 2]  # by row, not by depth

@@ -120,12 +120,12 @@ def test_stop_conditions() -> None:
     sched.add(seq("ignore", 3, first=200, ignore_eos=True, max_tokens=2))
     updates = sched.update(sched.schedule(), {"eos": 2, "stop_id": 55, "ignore": 2})
     assert updates == [
-        SequenceUpdate("eos", 2, True, "stop"),
-        SequenceUpdate("stop_id", 55, True, "stop"),
-        SequenceUpdate("ignore", 2, False, None),
+        SequenceUpdate("eos", (2,), True, "stop"),
+        SequenceUpdate("stop_id", (55,), True, "stop"),
+        SequenceUpdate("ignore", (2,), False, None),
     ]
     assert sched.update(sched.schedule(), {"ignore": 2}) == [
-        SequenceUpdate("ignore", 2, True, "length")
+        SequenceUpdate("ignore", (2,), True, "length")
     ]
     assert not sched.has_unfinished()
     assert sched.kv.num_free_blocks == 64

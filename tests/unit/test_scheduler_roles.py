@@ -98,7 +98,7 @@ def test_hold_kv_keeps_blocks_after_finishing_until_released() -> None:
     sched = make()
     sched.add(seq("p", max_tokens=1, hold_kv=True))
     plan = sched.schedule()
-    assert sched.update(plan, {"p": 42}) == [SequenceUpdate("p", 42, True, "length")]
+    assert sched.update(plan, {"p": 42}) == [SequenceUpdate("p", (42,), True, "length")]
     assert not sched.has_unfinished()
     assert sched.num_held == 1
     assert sched.kv.block_table("p") == (0, 1)
