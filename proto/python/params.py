@@ -41,6 +41,8 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         msg.seed = params.seed
     if params.logprobs is not None:
         msg.logprobs = params.logprobs
+    if not params.speculative:  # set only to opt out, so default messages stay as they were
+        msg.speculative = False
     return msg
 
 

@@ -78,6 +78,11 @@ class SamplingFields(_Body):
     ignore_eos: bool = False
     stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] = []
     include_stop_str_in_output: bool = False
+    # pdserve's own extension.
+    speculative: bool = Field(
+        default=True,
+        description="false: never speculate for this request (the output is the same).",
+    )
     routing_policy: RoutingPolicyName | None = Field(
         default=None, description="Overrides the x-pdserve-routing-policy header."
     )

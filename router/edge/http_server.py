@@ -209,6 +209,7 @@ def _sampling_fields(body: SamplingFields, logprobs: int | None) -> dict[str, An
         "ignore_eos": body.ignore_eos,
         "logprobs": logprobs,
         "n": body.n,
+        "speculative": body.speculative,
     }
     if body.temperature is not None:
         fields["temperature"] = body.temperature

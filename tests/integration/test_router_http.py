@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from pdserve.proto.params import params_from_proto
 from pdserve.router.config import RouterConfig
 from tests.integration.stub_worker import StubCluster, start_stub_cluster
 
@@ -131,6 +132,7 @@ def test_models_and_health(cluster: StubCluster, client: openai.OpenAI) -> None:
         ({"model": MODEL}, "prompt"),
         ({"model": MODEL, "prompt": "hi", "n": 0}, "n"),
         ({"model": MODEL, "prompt": "hi", "routing_policy": "nearest"}, "routing_policy"),
+        ({"model": MODEL, "prompt": "hi", "speculative": "no"}, "speculative"),
     ],
 )
 def test_bad_completion_inputs_are_400_naming_the_field(
@@ -144,6 +146,19 @@ def test_bad_completion_inputs_are_400_naming_the_field(
     assert error["param"] == field and field in error["message"]
     ok = httpx.post(f"{cluster.http_url}/v1/completions", json={"model": MODEL, "prompt": "hi"})
     assert ok.status_code == 200  # the server keeps serving
+
+
+def test_speculative_false_reaches_the_worker(cluster: StubCluster) -> None:
+    url = f"{cluster.http_url}/v1/completions"
+    record = cluster.workers["w0"].record
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    for speculative, expected_set in [(False, True), (True, False)]:
+        response = httpx.post(url, json={**body, "speculative": speculative})
+        assert response.status_code == 200, response.text
+        sent = record.params[-1]
+        # only an opt-out travels; true is the default, so the field stays unset
+        assert sent.HasField("speculative") == expected_set
+        assert params_from_proto(sent).speculative is speculative
 
 
 def test_bad_json_and_bad_chat_are_400(cluster: StubCluster) -> None:

@@ -142,6 +142,15 @@ def test_sampling_params_read_from_the_wire_keep_engine_defaults() -> None:
     assert params.max_tokens == SamplingParams().max_tokens  # unset: the engine default
 
 
+def test_speculation_opt_out_round_trips_and_defaults_stay_unset() -> None:
+    assert not params_to_proto(SamplingParams()).HasField("speculative")
+    opted_out = SamplingParams(temperature=0.0, speculative=False)
+    msg = params_to_proto(opted_out)
+    assert msg.HasField("speculative") and msg.speculative is False
+    assert params_from_proto(msg) == opted_out
+    assert params_from_proto(common_pb2.SamplingParams(speculative=True)).speculative is True
+
+
 def test_step_output_becomes_a_token_chunk() -> None:
     lp = TokenLogprob(token_id=5, logprob=-0.25, top=((5, -0.25), (9, -2.0)))
     running = StepOutput("r", 1, (5,), "hi", (lp,), None)
