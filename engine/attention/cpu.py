@@ -104,7 +104,8 @@ class CpuAttentionBackend:
         else:
             budget = self._group_budget_tokens
             decode = plan_decodes(layout, block_size, num_layers, budget, device)
-        prefills = plan_prefills(layout, block_size, num_layers, device)
+        native = self._kernel is not None
+        prefills = plan_prefills(layout, block_size, num_layers, device, chains_decode=native)
         data = _CpuStepData(decode=decode, prefills=prefills)
         return step_metadata(layout, block_size, num_layers, device, self, data)
 

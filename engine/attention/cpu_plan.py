@@ -72,8 +72,11 @@ class PrefillPlan:
 
 
 def plan_native_decodes(layout: StepLayout, device: torch.device) -> NativeDecodePlan | None:
-    """The one-token chunks as padded int32 tables for the native kernel, longest context first;
-    None if there are none.
+    """The one-token chunks, and every row of a chain chunk (see :func:`is_chain`), as padded
+    int32 tables for the native kernel, longest context first; None if there are none.
+
+    A chain's row ``r`` is a decode query over ``start + r + 1`` positions: the kernel stores
+    every row's K/V before any row attends, so the rows before it are in place.
 
     Why longest first: the kernel's threads take sequences in this order as each finishes one,
     so the step's attention ends on short sequences rather than with one thread reading a long
@@ -81,22 +84,42 @@ def plan_native_decodes(layout: StepLayout, device: torch.device) -> NativeDecod
     kernel alone (bf16, 30 layers, random block ids, contexts 75-1,500, two threads, medians of
     15 alternating runs): 8 sequences 1.07x faster, 16-32 1.01x, 48 level.
     """
-    ids = sorted(_decode_ids(layout), key=lambda i: -layout.context_lens[i])
-    if not ids:
+    queries = sorted(_decode_queries(layout), key=lambda query: -query[1])
+    if not queries:
         return None
-    tables = [layout.block_tables[i] for i in ids]
+    tables = [table for _, _, table in queries]
     width = max(len(t) for t in tables)
-    rows = [layout.query_start_loc[i] for i in ids]
+    rows = [row for row, _, _ in queries]
     in_place = rows == list(range(len(rows)))
     return NativeDecodePlan(
-        num_seqs=len(ids),
+        num_seqs=len(queries),
         tables=torch.tensor(
             [t + (0,) * (width - len(t)) for t in tables], dtype=torch.int32, device=device
         ),
-        lens=torch.tensor([layout.context_lens[i] for i in ids], dtype=torch.int32, device=device),
+        lens=torch.tensor([n for _, n, _ in queries], dtype=torch.int32, device=device),
         q_rows=None if in_place else torch.tensor(rows, dtype=torch.int32, device=device),
         max_block_id=max(max(t) for t in tables),
     )
+
+
+def is_chain(layout: StepLayout, i: int) -> bool:
+    """Chunk ``i`` is a tree chunk whose rows form one chain: causal, like a prefill chunk."""
+    parents = layout.tree_parents(i)
+    return bool(parents) and all(p == r - 1 for r, p in enumerate(parents))
+
+
+def _decode_queries(layout: StepLayout) -> list[tuple[int, int, tuple[int, ...]]]:
+    """(flat-batch row, context length, block table) of each one-token chunk and chain row."""
+    queries = []
+    for i, (start, table) in enumerate(
+        zip(layout.start_positions, layout.block_tables, strict=True)
+    ):
+        first = layout.query_start_loc[i]
+        if _chunk_len(layout, i) == 1:
+            queries.append((first, start + 1, table))
+        elif is_chain(layout, i):
+            queries.extend((first + r, start + r + 1, table) for r in range(_chunk_len(layout, i)))
+    return queries
 
 
 def plan_decodes(
@@ -188,11 +211,17 @@ def gather_rows(table: Sequence[int], num_layers: int) -> list[int]:
 
 
 def plan_prefills(
-    layout: StepLayout, block_size: int, num_layers: int, device: torch.device
+    layout: StepLayout,
+    block_size: int,
+    num_layers: int,
+    device: torch.device,
+    chains_decode: bool = False,
 ) -> tuple[PrefillPlan, ...]:
+    """The multi-token chunks; ``chains_decode``: without the chains (the native decode plan
+    takes their rows)."""
     plans = []
     for i, start_pos in enumerate(layout.start_positions):
-        if _chunk_len(layout, i) == 1:
+        if _chunk_len(layout, i) == 1 or (chains_decode and is_chain(layout, i)):
             continue
         rows = None
         if start_pos > 0:  # the chunk's own K/V come with the step; gather only the prefix

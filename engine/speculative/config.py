@@ -18,12 +18,15 @@ class SpeculativeConfig:
     ``max_verify_tokens``: a step speculates only while every decoding sequence's one
     token plus all candidates fit this many tokens: past it decode stops being bound by
     reading the weights and verifying costs more than it saves (see docs/speculative.md).
+    ``min_acceptance``: a sequence whose candidates are accepted less than this on average
+    (candidates per verify step) pauses speculating, trying again now and then.
     """
 
     method: str = "off"
     num_speculative_tokens: int = 8
     max_tree_nodes: int = 16
     max_verify_tokens: int = 32
+    min_acceptance: float = 0.5
     ngram_min: int = 2
     ngram_max: int = 5
     ngram_branches: int = 4
@@ -44,6 +47,8 @@ class SpeculativeConfig:
             )
         if self.max_verify_tokens < 2:
             raise ValueError(f"max_verify_tokens must be >= 2, got {self.max_verify_tokens}")
+        if self.min_acceptance < 0:
+            raise ValueError(f"min_acceptance must be >= 0, got {self.min_acceptance}")
         if self.draft_num_blocks < 2:
             raise ValueError(f"draft_num_blocks must be >= 2, got {self.draft_num_blocks}")
 

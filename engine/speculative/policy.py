@@ -8,7 +8,11 @@ Two limits, both from what speculation costs and earns:
   batch 32 the step is already compute-bound and every candidate costs its full share.
 * the sequence's record: the depth follows the mean accepted length (exponentially
   weighted), so a sequence whose candidates keep failing proposes short ones, and one whose
-  candidates are all accepted proposes up to ``num_speculative_tokens``.
+  candidates are all accepted proposes up to ``num_speculative_tokens``. Below
+  ``min_acceptance`` a verify step no longer earns its cost (a step of a few more tokens
+  costs a fraction of a decode step more: see docs/speculative.md) and the sequence pauses;
+  its mean creeps back up while it pauses, so it tries again after about 15 steps (text
+  that starts repeating itself is found again).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from pdserve.engine.speculative.config import SpeculativeConfig
 
 # Weight of the newest step in the running mean of accepted candidates.
 _EMA_WEIGHT = 0.3
+# While a sequence pauses, its mean rises by this much per step (a probe every ~15 steps
+# after a failed one: mean 0.7 * 0.5 = 0.35 back to 0.5).
+_RECOVERY_PER_STEP = 0.01
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,6 +61,9 @@ class SpeculationPolicy:
         if nodes < 1:
             return None
         mean = self._mean_accepted.get(seq_id, float(config.num_speculative_tokens))
+        if mean < config.min_acceptance:
+            self._mean_accepted[seq_id] = mean + _RECOVERY_PER_STEP
+            return None
         depth = min(config.num_speculative_tokens, math.ceil(mean) + 1, nodes)
         return ProposalLimits(max_depth=depth, max_nodes=nodes)
 

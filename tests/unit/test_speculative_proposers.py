@@ -60,11 +60,22 @@ def test_policy_stops_speculating_when_the_batch_fills_the_verify_budget() -> No
 
 def test_policy_depth_follows_the_acceptance_record() -> None:
     policy = SpeculationPolicy(SpeculativeConfig(method="ngram", num_speculative_tokens=8))
+    for accepted in (8, 2, 2, 2, 2, 2, 2, 2, 2, 2):
+        policy.record("fair", accepted)
+        policy.record("good", 8)
+    fair, good = policy.limits("fair", 1), policy.limits("good", 1)
+    assert fair is not None and good is not None
+    assert fair.max_depth == 4 and good.max_depth == 8  # one past the mean, rounded up
+
+
+def test_a_sequence_whose_candidates_fail_pauses_then_tries_again() -> None:
+    policy = SpeculationPolicy(SpeculativeConfig(method="ngram", min_acceptance=0.5))
     for _ in range(20):
         policy.record("bad", 0)
-        policy.record("good", 8)
-    bad, good = policy.limits("bad", 1), policy.limits("good", 1)
-    assert bad is not None and good is not None
-    assert bad.max_depth == 2 and good.max_depth == 8  # one past the mean, rounded up
+    paused = 0
+    while policy.limits("bad", 1) is None:
+        paused += 1
+        assert paused < 100, "a paused sequence never tries again"
+    assert paused > 10
     policy.forget("bad")
-    assert policy.limits("bad", 1) == good  # back to the optimistic start
+    assert policy.limits("bad", 1) == ProposalLimits(max_depth=8, max_nodes=16)
