@@ -35,3 +35,19 @@ assert decision.prefill.replicas == 1, decision
 """,
         (*HEAVY, "kubernetes"),
     )
+
+
+def test_prompt_lookup_and_the_speculation_policy_run_without_heavy_packages() -> None:
+    run_probe(
+        """
+from pdserve.engine.speculative.config import SpeculativeConfig
+from pdserve.engine.speculative.ngram import NgramProposer
+from pdserve.engine.speculative.policy import ProposalRequest, SpeculationPolicy
+
+config = SpeculativeConfig(method="ngram")
+limits = SpeculationPolicy(config).limits("s", 1)
+trees = NgramProposer(config).propose([ProposalRequest("s", [1, 2, 3, 1, 2], limits)])
+assert trees["s"].tokens[0] == 3, trees
+""",
+        HEAVY,
+    )
