@@ -7,6 +7,21 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pdserve.engine.engine import LLMEngine
+    from pdserve.engine.speculative.speculator import Speculator
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculationCounts:
+    """Speculative decoding's counters since the engine started; zeros when it never
+    speculates (speculation off, or the prefill role)."""
+
+    verify_steps: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    branch_accepted_tokens: int = 0  # accepted off each tree's first chain
+    # index i: verify chunks that accepted i candidates, i = 0..num_speculative_tokens
+    # (empty when off: the histogram's buckets come from the configured depth)
+    acceptance_length_counts: tuple[int, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -24,6 +39,7 @@ class EngineStats:
     prefix_queried_tokens: int
     prompt_tokens: int  # prompts of requests accepted here (imported ones included)
     generated_tokens: int  # tokens this engine sampled
+    speculation: SpeculationCounts
 
 
 def engine_stats(
@@ -44,4 +60,20 @@ def engine_stats(
         prefix_queried_tokens=sched.prefix_queried_tokens,
         prompt_tokens=prompt_tokens,
         generated_tokens=generated_tokens,
+        speculation=speculation_counts(engine.speculator),
+    )
+
+
+def speculation_counts(speculator: Speculator | None) -> SpeculationCounts:
+    if speculator is None:
+        return SpeculationCounts()
+    stats = speculator.stats
+    lengths = stats.acceptance_lengths
+    num_lengths = max([speculator.config.num_speculative_tokens, *lengths]) + 1
+    return SpeculationCounts(
+        verify_steps=stats.verify_steps,
+        proposed_tokens=stats.proposed_tokens,
+        accepted_tokens=stats.accepted_tokens,
+        branch_accepted_tokens=stats.branch_accepted_tokens,
+        acceptance_length_counts=tuple(lengths[i] for i in range(num_lengths)),
     )

@@ -104,6 +104,11 @@ def stats_to_proto(
         prefix_hit_tokens=engine.prefix_hit_tokens,
         prompt_tokens=engine.prompt_tokens,
         generated_tokens=engine.generated_tokens,
+        spec_verify_steps=engine.speculation.verify_steps,
+        spec_proposed_tokens=engine.speculation.proposed_tokens,
+        spec_accepted_tokens=engine.speculation.accepted_tokens,
+        spec_branch_accepted_tokens=engine.speculation.branch_accepted_tokens,
+        spec_acceptance_length_counts=engine.speculation.acceptance_length_counts,
     )
     if transfer is not None:
         msg.transfer_bytes = transfer.bytes_sent + transfer.bytes_received

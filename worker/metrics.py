@@ -15,6 +15,7 @@ counters are ``pdserve_worker_*_total``: the router's fleet counters
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -22,7 +23,12 @@ from threading import Thread
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from pdserve.proto import worker_pb2
@@ -45,6 +51,14 @@ _COUNTERS = (
     ("generated_tokens", "generated_tokens", "Tokens this worker sampled."),
     ("kv_transfer_bytes", "transfer_bytes", "KV bytes sent plus received."),
     ("recompute_fallbacks", "recompute_fallbacks", "Requests recomputed, KV not transferable."),
+    ("spec_verify_steps", "spec_verify_steps", "Speculative verify chunks run."),
+    ("spec_proposed_tokens", "spec_proposed_tokens", "Speculated candidate tokens verified."),
+    ("spec_accepted_tokens", "spec_accepted_tokens", "Speculated candidate tokens accepted."),
+    (
+        "spec_branch_accepted_tokens",
+        "spec_branch_accepted_tokens",
+        "Accepted candidates off each token tree's first chain (what branching added).",
+    ),
 )
 
 
@@ -104,12 +118,33 @@ def worker_families(stats: worker_pb2.WorkerStats) -> list[Metric]:
     transfers.add_metric([*labels, "ok"], float(stats.transfers_ok))
     transfers.add_metric([*labels, "failed"], float(stats.transfers_failed))
     families.append(transfers)
+    families.append(_acceptance_length_histogram(stats, labels))
     families.append(
         GaugeMetricFamily(
             "pdserve_worker_epoch", "The worker's incarnation epoch.", value=float(stats.epoch)
         )
     )
     return families
+
+
+def _acceptance_length_histogram(
+    stats: worker_pb2.WorkerStats, labels: list[str]
+) -> HistogramMetricFamily:
+    """Accepted candidates per verify chunk, one bucket per length 0..num_speculative_tokens
+    (the worker's counts hold one entry per length; none when it does not speculate)."""
+    histogram = HistogramMetricFamily(
+        "pdserve_worker_spec_acceptance_length",
+        "Speculated candidates accepted per verify chunk.",
+        labels=["worker", "role"],
+    )
+    counts = stats.spec_acceptance_length_counts
+    if counts:
+        cumulative = list(itertools.accumulate(counts))
+        buckets = [(str(float(length)), float(n)) for length, n in enumerate(cumulative)]
+        buckets.append(("+Inf", float(cumulative[-1])))
+        accepted = sum(length * n for length, n in enumerate(counts))
+        histogram.add_metric(labels, buckets, float(accepted))
+    return histogram
 
 
 def stats_fn_on_loop(

@@ -118,7 +118,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "role", "waiting", "running", "free_blocks", "cached_blocks", "total_blocks", "prefix_hit_tokens", "prompt_tokens", "generated_tokens", "transfer_bytes", "transfers_ok", "transfers_failed", "recompute_fallbacks", "epoch", "transfers_in_flight")
+    __slots__ = ("worker_id", "role", "waiting", "running", "free_blocks", "cached_blocks", "total_blocks", "prefix_hit_tokens", "prompt_tokens", "generated_tokens", "transfer_bytes", "transfers_ok", "transfers_failed", "recompute_fallbacks", "epoch", "transfers_in_flight", "spec_verify_steps", "spec_proposed_tokens", "spec_accepted_tokens", "spec_branch_accepted_tokens", "spec_acceptance_length_counts")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,11 @@ class WorkerStats(_message.Message):
     RECOMPUTE_FALLBACKS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TRANSFERS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SPEC_VERIFY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_BRANCH_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ACCEPTANCE_LENGTH_COUNTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     waiting: int
@@ -151,4 +156,9 @@ class WorkerStats(_message.Message):
     recompute_fallbacks: int
     epoch: int
     transfers_in_flight: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., transfers_ok: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., recompute_fallbacks: _Optional[int] = ..., epoch: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ...) -> None: ...
+    spec_verify_steps: int
+    spec_proposed_tokens: int
+    spec_accepted_tokens: int
+    spec_branch_accepted_tokens: int
+    spec_acceptance_length_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., transfers_ok: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., recompute_fallbacks: _Optional[int] = ..., epoch: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ..., spec_verify_steps: _Optional[int] = ..., spec_proposed_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., spec_branch_accepted_tokens: _Optional[int] = ..., spec_acceptance_length_counts: _Optional[_Iterable[int]] = ...) -> None: ...

@@ -64,6 +64,40 @@ def test_each_scrape_reads_the_stats_function_now() -> None:
         server.stop()
 
 
+def test_speculation_counters_and_acceptance_length_histogram() -> None:
+    decode = worker_pb2.WorkerStats(
+        worker_id="d0", role="decode", spec_verify_steps=10, spec_proposed_tokens=40,
+        spec_accepted_tokens=14, spec_branch_accepted_tokens=3,
+        spec_acceptance_length_counts=[3, 2, 1, 2, 2],  # 0..4 accepted per chunk
+    )  # fmt: skip
+    server = start_metrics_server(0, lambda: decode)
+    try:
+        got = scrape(server.url)
+    finally:
+        server.stop()
+    labels = (("role", "decode"), ("worker", "d0"))
+    assert got[("pdserve_worker_spec_verify_steps_total", labels)] == 10
+    assert got[("pdserve_worker_spec_proposed_tokens_total", labels)] == 40
+    assert got[("pdserve_worker_spec_accepted_tokens_total", labels)] == 14
+    assert got[("pdserve_worker_spec_branch_accepted_tokens_total", labels)] == 3
+    name = "pdserve_worker_spec_acceptance_length"
+    buckets = {dict(lb)["le"]: value for (n, lb), value in got.items() if n == f"{name}_bucket"}
+    assert buckets == {"0.0": 3, "1.0": 5, "2.0": 6, "3.0": 8, "4.0": 10, "+Inf": 10}
+    assert got[(f"{name}_count", labels)] == 10
+    assert got[(f"{name}_sum", labels)] == 0 * 3 + 1 * 2 + 2 * 1 + 3 * 2 + 4 * 2 == 18
+
+
+def test_a_worker_that_does_not_speculate_has_zero_counters_and_no_histogram() -> None:
+    server = start_metrics_server(0, lambda: stats("p0"))
+    try:
+        got = scrape(server.url)
+    finally:
+        server.stop()
+    labels = (("role", "prefill"), ("worker", "p0"))
+    assert got[("pdserve_worker_spec_accepted_tokens_total", labels)] == 0
+    assert not any(n.startswith("pdserve_worker_spec_acceptance_length") for n, _ in got)
+
+
 def test_a_failing_stats_function_reports_down_without_failing_the_scrape() -> None:
     def broken() -> worker_pb2.WorkerStats:
         raise RuntimeError("engine loop stopped")

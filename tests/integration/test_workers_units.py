@@ -13,8 +13,12 @@ import grpc
 import pytest
 
 from pdserve.decode_worker.reservations import Reservation, ReservationTable
+from pdserve.engine.engine_stats import EngineStats, SpeculationCounts, speculation_counts
 from pdserve.engine.outputs import StepOutput, TokenLogprob
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.engine.speculative.config import SpeculativeConfig
+from pdserve.engine.speculative.ngram import NgramProposer
+from pdserve.engine.speculative.speculator import Speculator
 from pdserve.kv_transfer import TransferHandle, TransferState
 from pdserve.kv_transfer.handoff import (
     KVDestination,
@@ -32,6 +36,7 @@ from pdserve.worker.convert import (
     destination_from_proto,
     destination_to_proto,
     first_token_from_proto,
+    stats_to_proto,
     step_to_chunk,
 )
 from pdserve.worker.errors import status_for
@@ -149,6 +154,32 @@ def test_speculation_opt_out_round_trips_and_defaults_stay_unset() -> None:
     assert msg.HasField("speculative") and msg.speculative is False
     assert params_from_proto(msg) == opted_out
     assert params_from_proto(common_pb2.SamplingParams(speculative=True)).speculative is True
+
+
+def test_speculation_counters_reach_get_stats_with_one_count_per_acceptance_length() -> None:
+    assert speculation_counts(None) == SpeculationCounts()
+    config = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+    speculator = Speculator(config, NgramProposer(config))
+    speculator.stats.verify_steps = 3
+    speculator.stats.proposed_tokens = 9
+    speculator.stats.accepted_tokens = 2
+    speculator.stats.branch_accepted_tokens = 1
+    speculator.stats.acceptance_lengths.update({0: 2, 2: 1})
+    counts = speculation_counts(speculator)
+    assert counts.acceptance_length_counts == (2, 0, 1, 0)  # lengths 0..3
+    engine = EngineStats(
+        waiting=0, running=1, held=0, pending_admissions=0, free_blocks=8, cached_blocks=0,
+        total_blocks=8, prefix_hit_tokens=0, prefix_queried_tokens=0, prompt_tokens=5,
+        generated_tokens=4, speculation=counts,
+    )  # fmt: skip
+    msg = stats_to_proto(engine, None, worker_id="d0", role="decode", epoch=1)
+    assert (
+        msg.spec_verify_steps,
+        msg.spec_proposed_tokens,
+        msg.spec_accepted_tokens,
+        msg.spec_branch_accepted_tokens,
+        list(msg.spec_acceptance_length_counts),
+    ) == (3, 9, 2, 1, [2, 0, 1, 0])
 
 
 def test_step_output_becomes_a_token_chunk() -> None:
