@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
+
+from pdserve.engine.speculative.options import add_speculative_arguments, speculative_config
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -30,6 +33,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stop", action="append", default=[], help="a stop string; repeat for more")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_speculative_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=tuple(args.stop),
     )
-    llm = LLM(model=args.model, dtype=args.dtype)
+    llm = LLM(model=args.model, dtype=args.dtype, **_speculation_options(args))
     prompts: list[str | list[int]] = list(args.prompt)
     if args.chat:
         prompts = [
@@ -67,3 +71,10 @@ def run(args: argparse.Namespace) -> int:
         llm.generate([prompt], params, on_step=lambda s: print(s.text, end="", flush=True))
         print()
     return 0
+
+
+def _speculation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The speculative flags as ``LLM`` keyword options (its ``speculative`` is the method)."""
+    options = dataclasses.asdict(speculative_config(args))
+    options["speculative"] = options.pop("method")
+    return options

@@ -10,6 +10,11 @@ from typing import Any
 from pdserve.cluster.cli_autoscale import add_autoscale_arguments, autoscale_settings
 from pdserve.cluster.cpu_affinity import parse_cpu_affinity
 from pdserve.cluster.settings import Settings
+from pdserve.engine.speculative.options import (
+    add_speculative_arguments,
+    speculative_config,
+    speculative_flags,
+)
 
 DEFAULT_STATE_FILE = Path.home() / ".pdserve" / "up.json"
 DEFAULT_PROFILE_FILE = Path.home() / ".pdserve" / "profile.json"  # `pdserve profile` writes it
@@ -63,6 +68,7 @@ def add_parser(sub: Any) -> None:
         help="size the prefill and decode pools to the load (the planner; profile from "
         f"--profile, else {DEFAULT_PROFILE_FILE})")  # fmt: skip
     add_autoscale_arguments(p, "--planner-metrics-port")
+    add_speculative_arguments(p)
     p.set_defaults(run=run_up_command)
     _add_scale_parser(sub)
 
@@ -102,6 +108,7 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
     worker_args = ["--block-size", str(args.block_size), *args.worker_arg]
     if args.num_blocks is not None:
         worker_args += ["--num-blocks", str(args.num_blocks)]
+    speculation = speculative_flags(speculative_config(args))
     worker_host = args.worker_host or ("auto" if args.ray_address else "127.0.0.1")
     spec = WorkerSpec(
         role="prefill",
@@ -118,6 +125,7 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         redis_url="",
         agent=agent,
         log_level=args.worker_log_level.upper(),
+        role_args={"decode": tuple(speculation), "colocated": tuple(speculation)},
         cpu_affinity=(
             settings.cpu_affinity
             if args.cpu_affinity is None

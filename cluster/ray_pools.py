@@ -181,8 +181,7 @@ class RayWorkerPool:
     # -- internals ---------------------------------------------------------------------
     def _start(self, worker_id: str) -> None:
         slot = int(worker_id.rsplit("-", 1)[1])
-        worker = replace(self.template.worker, role=self.role, worker_id=worker_id)
-        launch = replace(self.template, worker=worker)
+        launch = self.template.for_worker(self.role, worker_id)
         r = self.resources
         actor = (
             _actor_class()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from pdserve.cluster.cpu_affinity import CpuAffinity
 from pdserve.cluster.worker_agent import AgentConfig, start_worker_agent
@@ -19,6 +20,14 @@ class WorkerLaunch:
     agent: AgentConfig = field(default_factory=AgentConfig)
     log_level: str = "INFO"
     cpu_affinity: CpuAffinity = ()  # per pool (cluster/cpu_affinity.py); () = not pinned
+    # more worker server flags for the workers of one role (speculation: not on prefill)
+    role_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def for_worker(self, role: str, worker_id: str) -> WorkerLaunch:
+        """This launch as one worker's: its role and id, and its role's own flags."""
+        extra_args = (*self.worker.extra_args, *self.role_args.get(role, ()))
+        worker = replace(self.worker, role=role, worker_id=worker_id, extra_args=extra_args)
+        return replace(self, worker=worker)
 
     def register(self) -> Register:
         """The worker's registration: its agent in this launch's Redis."""

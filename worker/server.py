@@ -38,6 +38,8 @@ from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.config import CacheConfig, EngineConfig
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.scheduler import SchedulerConfig
+from pdserve.engine.speculative.config import SpeculativeConfig
+from pdserve.engine.speculative.options import add_speculative_arguments, speculative_config
 from pdserve.kv_transfer import FaultInjection, TransferConfig
 from pdserve.prefill_worker.prefill import PrefillService
 from pdserve.proto import worker_pb2, worker_pb2_grpc
@@ -345,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fault-pause-after-blocks", type=int, default=None, help="test hook: sender pause")
     add("--fault-pause-s", type=float, default=0.0, help="test hook: length of that pause")
     add("--log-level", default="INFO")
+    add_speculative_arguments(p)
     return p
 
 
@@ -376,6 +379,7 @@ def configs_from_args(
         scheduler=SchedulerConfig(
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs
         ),
+        speculation=role_speculation(args.role, args),
     )
     fault = None
     if args.fault_pause_after_blocks is not None:
@@ -383,6 +387,18 @@ def configs_from_args(
     transfer = TransferConfig(timeout_s=args.transfer_timeout_s, host=args.host, fault=fault)
     decode = DecodeConfig(args.reservation_timeout_s, args.transfer_timeout_s)
     return server, engine, transfer, decode
+
+
+def role_speculation(role: str, args: argparse.Namespace) -> SpeculativeConfig:
+    """The speculative decoding flags' config; ValueError when they ask a prefill worker
+    to speculate (it samples only the first token: a speculator there is wasted memory)."""
+    config = speculative_config(args)
+    if role == "prefill" and config.enabled:
+        raise ValueError(
+            f"--speculative {config.method}: prefill workers never speculate (they sample only "
+            "the first token); give it to decode and colocated workers"
+        )
+    return config
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,10 +1,22 @@
+import argparse
 import subprocess
 import sys
 
 import pytest
 
 from pdserve.bench.cli import build_parser as bench_parser
-from pdserve.cluster.cli import main
+from pdserve.cluster.cli import build_parser, main
+from pdserve.cluster.cli_up import build_up_config
+from pdserve.cluster.settings import Settings
+from pdserve.engine.speculative.config import SpeculativeConfig
+from pdserve.engine.speculative.options import (
+    add_speculative_arguments,
+    speculative_config,
+    speculative_flags,
+)
+from pdserve.worker.server import build_parser as worker_parser
+from pdserve.worker.server import configs_from_args
+from pdserve.worker.server import main as worker_main
 
 
 def test_bench_offline_passes_the_rest_to_the_engine_benchmark() -> None:
@@ -42,3 +54,71 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_generate_input_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--prompt", "x", "--max-tokens", "0"]) == 2
     assert "max_tokens must be >= 1" in capsys.readouterr().err
+
+
+def _up_args(*flags: str) -> argparse.Namespace:
+    args, _extra = build_parser().parse_known_args(["up", *flags])
+    return args
+
+
+def test_up_gives_the_speculative_flags_to_decode_and_colocated_workers_only() -> None:
+    args = _up_args("--speculative", "ngram", "--num-speculative-tokens", "4", "--ngram-max", "3")
+    launch = build_up_config(args, Settings.from_env()).worker
+    flags = ["--speculative", "ngram", "--num-speculative-tokens", "4", "--ngram-max", "3"]
+    for role in ("decode", "colocated"):
+        argv = launch.for_worker(role, f"{role}-0").worker.server_args()
+        assert argv[-len(flags) :] == flags, argv
+        _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
+        assert engine.speculation == SpeculativeConfig(
+            method="ngram", num_speculative_tokens=4, ngram_max=3
+        )
+    prefill = launch.for_worker("prefill", "prefill-0").worker.server_args()
+    assert not any(arg.startswith(("--speculative", "--ngram")) for arg in prefill), prefill
+    plain = build_up_config(_up_args(), Settings.from_env()).worker
+    assert "--speculative" not in plain.for_worker("decode", "decode-0").worker.server_args()
+
+
+def test_speculative_flags_rebuild_their_config() -> None:
+    config = SpeculativeConfig(
+        method="draft", draft_model="smollm2-135m-instruct", min_acceptance=0.25, max_tree_nodes=9
+    )
+    parser = argparse.ArgumentParser()
+    add_speculative_arguments(parser)
+    flags = speculative_flags(config)
+    assert flags[:2] == ["--speculative", "draft"] and len(flags) == 2 + 2 * 3  # non-defaults
+    assert speculative_config(parser.parse_args(flags)) == config
+    assert speculative_flags(SpeculativeConfig()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["up", "--speculative", "draft"], "needs draft_model (--draft-model)"),
+        (["up", "--speculative", "ngram", "--ngram-min", "4", "--ngram-max", "3"], "ngram_max"),
+        (["generate", "--prompt", "x", "--speculative", "draft"], "--draft-model"),
+        (["worker", "--role", "prefill", "--speculative", "ngram"], "prefill workers never"),
+    ],
+)
+def test_bad_speculative_flags_exit_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"pdserve {argv[0]}: error:" in err and message in err, err
+
+
+def test_worker_server_refuses_speculation_on_a_prefill_worker(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert worker_main(["--role", "prefill", "--speculative", "ngram"]) == 2
+    assert "prefill workers never speculate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["up", "generate", "worker"])
+def test_help_shows_the_speculative_flags(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--speculative {off,ngram,draft}", "--draft-model NAME", "--ngram-branches N"):
+        assert flag in out, (command, flag)
