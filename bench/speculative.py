@@ -20,6 +20,10 @@ workload and configuration: output tokens/s and the ratio to off; acceptance len
 per verify step: accepted candidates + 1); for the tree, the candidates it kept off its first
 chain (its gain over a single chain); for ``batch32`` also goodput (requests/s meeting TTFT
 and TPOT SLOs). ``--quick`` is a smoke run (few, short requests; one round).
+
+First it times one step of a single sequence (800 tokens of context) verifying ``T`` tokens,
+as a chain and as a tree, against a one-token decode step: what a candidate costs, which
+sets the defaults of ``max_verify_tokens`` and ``min_acceptance``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from tqdm import tqdm
 
 from pdserve.bench.workload import load_paragraphs
 from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
+from pdserve.engine.scheduler.token_tree import TokenTree
 from pdserve.engine.worker_state import LoadedModel, load
 
 CONFIGS: dict[str, dict[str, object]] = {
@@ -122,7 +128,7 @@ def run_config(
     loaded: LoadedModel, config: dict[str, object], requests: Sequence[Request], batch: bool
 ) -> Run:
     """Batch 1: one request at a time; else all at once. Times every streamed token."""
-    llm = LLM(loaded=loaded, **config)
+    llm = LLM(None, loaded=loaded, **config)
     llm.generate(requests[0].prompt, requests[0].params)  # warm: kernels built, pages touched
     before = _spec_counts(llm)
     groups = [list(range(len(requests)))] if batch else [[i] for i in range(len(requests))]
@@ -193,8 +199,53 @@ def summarize(workload: str, name: str, runs: list[Run], off: list[Run], batch: 
     )
 
 
+def step_costs(loaded: LoadedModel, sizes: Sequence[int], repeats: int) -> list[dict[str, float]]:
+    """Median wall time of one forward verifying ``T`` tokens (the pending one and ``T - 1``
+    candidates) as a chain and as a tree (two branches), over 800 cached positions."""
+    runner = LLM(loaded=loaded, num_blocks=64).engine.runner
+    table = tuple(range(64))
+    context = 800
+
+    def median_ms(tree: TokenTree | None) -> float:
+        tokens = (5, *(tree.tokens if tree else ()))
+        plan = BatchPlan((ScheduledChunk("s", tokens, context, table, True, tree),))
+        runner.execute(plan)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            runner.execute(plan)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1000
+
+    decode_ms = median_ms(None)
+    rows = []
+    for size in sizes:
+        half = (size - 1) // 2
+        chain = TokenTree.from_branches([list(range(10, 10 + size - 1))], size)
+        tree = TokenTree.from_branches(
+            [list(range(10, 10 + size - 1 - half)), list(range(50, 50 + half))], size
+        )
+        rows.append(
+            {"tokens": size, "decode_ms": decode_ms, "chain_ms": median_ms(chain),
+             "tree_ms": median_ms(tree)}
+        )  # fmt: skip
+    return rows
+
+
+def print_step_costs(rows: Sequence[dict[str, float]]) -> None:
+    print(f"{'verified tokens':>15} {'chain ms':>9} {'tree ms':>8}   (decode step 1 token)")
+    for row in rows:
+        print(
+            f"{int(row['tokens']):>15} {row['chain_ms']:>9.1f} {row['tree_ms']:>8.1f}   "
+            f"{row['decode_ms']:.1f} ms: chain {row['chain_ms'] / row['decode_ms']:.2f}x, "
+            f"tree {row['tree_ms'] / row['decode_ms']:.2f}x"
+        )
+
+
 def run_bench(args: argparse.Namespace) -> list[Row]:
     loaded = load(args.model, args.dtype)
+    costs = step_costs(loaded, (3, 5, 9, 17) if not args.quick else (3,), 3 if args.quick else 21)
+    print_step_costs(costs)
     n_copy, n_chat, max_tokens = (2, 2, 24) if args.quick else (6, 8, args.max_tokens)
     workloads = {
         "copy": (copy_requests(n_copy, max_tokens), False),

@@ -34,6 +34,7 @@ kernel: it runs bf16 on AMX tiles, faster than our kernel's fp32 arithmetic.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -112,20 +113,43 @@ class CpuAttentionBackend:
     def bind_native_decode(
         self, attn: AttentionMetadata, kv_cache: torch.Tensor, num_heads: int
     ) -> BoundDecode | None:
-        """The native kernel's calls for a step of decode tokens only (rows 0..B-1, taken in
-        the plan's order: ``q_rows``)."""
+        """The native kernels' calls for a step of decode tokens (rows in the plan's order:
+        ``q_rows``) and token trees (the prefill kernel by ancestry): None when the step has
+        prefill chunks, or runs the torch decode path."""
         data = attn.backend_data
         assert isinstance(data, _CpuStepData), f"metadata built by {attn.backend.name}"
         plan = data.decode
-        if not isinstance(plan, NativeDecodePlan) or data.prefills:
-            return None  # prefill chunks in the step (or the torch decode path)
-        assert self._kernel is not None, "native decode plan without the kernel"
-        assert plan.max_block_id < kv_cache.shape[0], (
-            f"block {plan.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
+        if self._kernel is None or not isinstance(plan, NativeDecodePlan | None):
+            return None
+        prefill = self._prefill_kernel
+        trees = [c for c in data.prefills if c.tree_ancestors is not None]
+        if len(trees) < len(data.prefills) or (trees and prefill is None):
+            return None  # prefill chunks in the step, or trees without the prefill kernel
+        if trees and not (prefill is not None and prefill.preferred_for(kv_cache)):
+            return None
+        if plan is not None:
+            assert plan.max_block_id < kv_cache.shape[0], (
+                f"block {plan.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
+            )
+            bound = self._kernel.bind(
+                kv_cache, num_heads, plan.tables, plan.lens, plan.q_rows, attn.write_rows
+            )
+        else:
+            bound = self._kernel.bind(kv_cache, num_heads, write_rows=attn.write_rows)
+        if not trees:
+            return bound
+        assert prefill is not None
+        for chunk in trees:
+            assert chunk.max_block_id < kv_cache.shape[0], "tree block outside the pool"
+        more = tuple(
+            prefill.bind_tree(
+                kv_cache, num_heads, c.token_start, c.prefix_len, c.table, c.tree_ancestors
+            )
+            for c in trees
+            if c.tree_ancestors is not None
         )
-        return self._kernel.bind(
-            kv_cache, num_heads, plan.tables, plan.lens, plan.q_rows, attn.write_rows
-        )
+        rows = sum(c.token_end - c.token_start for c in trees)
+        return dataclasses.replace(bound, more_rows=more, num_more_rows=rows)
 
     def forward(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,11 +138,20 @@ class BoundDecode:
     num_tokens: int
     dtype: int
     threads: int
+    # Rows the step attends another way (token trees, by the prefill kernel): called with the
+    # same arguments as attend, after the decode rows; and how many rows they cover.
+    more_rows: tuple[Callable[[int, int, int, int, int], None], ...] = ()
+    num_more_rows: int = 0
 
     def attend(
         self, layer_idx: int, q: int, q_row_stride: int, out: int, out_row_stride: int
     ) -> None:
-        """Decode attention of layer ``layer_idx`` (the rows of q: [H, D] dense each)."""
+        """Attention of layer ``layer_idx``: ``more_rows`` and the decode rows (the rows of q:
+        [H, D] dense each)."""
+        for attend_more in self.more_rows:
+            attend_more(layer_idx, q, q_row_stride, out, out_row_stride)
+        if self.num_seqs == 0:
+            return
         assert self.tables and self.lens, "bound without block tables"
         status = self._attend(
             q, q_row_stride, self.q_rows, self.pool, self.tables, self.table_width, self.lens,

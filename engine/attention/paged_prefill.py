@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,6 +55,40 @@ class PagedPrefillKernel:
         except bf16 on a CPU with AMX, where torch's kernel runs bf16 on AMX tiles (at 512
         tokens 0.91 ms against this kernel's fp32 arithmetic in 1.48 ms, Sapphire Rapids)."""
         return cls.handles(q) and (q.dtype == torch.float32 or "amx_bf16" not in cpu_flags())
+
+    def bind_tree(
+        self,
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D], contiguous
+        num_heads: int,
+        first_row: int,  # the tree chunk's first row in the step's q and out
+        start: int,
+        table: torch.Tensor,  # [W] int32, block ids validated by the caller
+        ancestors: torch.Tensor,  # [n] int64
+    ) -> Callable[[int, int, int, int, int], None]:
+        """A tree chunk's attention on addresses: ``(layer, q, q_row_stride, out,
+        out_row_stride)`` of the whole step, for the native step (``native_step.py``)."""
+        n = ancestors.shape[0]
+        _, num_layers, _, block_size, kv_heads, head_dim = kv_cache.shape
+        assert kv_cache.is_contiguous() and kv_cache.dtype in (torch.float32, torch.bfloat16)
+        assert table.dtype == torch.int32 and table.is_contiguous(), "table not dense int32"
+        assert table.shape[0] * block_size >= start + n, "table shorter than the chunk's end"
+        assert ancestors.dtype == torch.int64 and ancestors.is_contiguous(), "not dense int64"
+        assert n <= MAX_TREE_ROWS, f"{n} rows"
+        element = kv_cache.element_size()
+        bf16 = int(kv_cache.dtype == torch.bfloat16)
+        pool, table_at, tree_at = kv_cache.data_ptr(), table.data_ptr(), ancestors.data_ptr()
+        threads = torch.get_num_threads()
+
+        def attend(layer: int, q: int, q_stride: int, out: int, out_stride: int) -> None:
+            status = self._fn(
+                q + first_row * q_stride * element, q_stride, n, start, tree_at, pool, table_at,
+                out + first_row * out_stride * element, out_stride, num_heads, kv_heads,
+                head_dim, num_layers, block_size, layer, bf16, threads,
+            )  # fmt: skip
+            if status != 0:
+                raise MemoryError(f"paged prefill kernel failed on a tree (status {status})")
+
+        return attend
 
     def __call__(
         self,

@@ -88,7 +88,7 @@ class NativeDecodeLayers:
         x: torch.Tensor,  # [T, hidden], the residual stream; updated in place
         cos: torch.Tensor,  # [T, 1, head_dim / 2]
         sin: torch.Tensor,
-        step: BoundDecode,  # the step's K/V store and decode attention, T sequences
+        step: BoundDecode,  # the step's K/V store and attention of its T rows
     ) -> torch.Tensor:
         """``x`` after every decoder layer (the final norm is the caller's)."""
         config = self.config
@@ -100,7 +100,9 @@ class NativeDecodeLayers:
         assert x.is_contiguous() and hidden == config.hidden_size, f"x {tuple(x.shape)}"
         assert cos.is_contiguous() and sin.is_contiguous(), "cos/sin not dense"
         assert cos.shape == sin.shape == (tokens, 1, head_dim // 2), f"cos {tuple(cos.shape)}"
-        assert step.num_seqs == step.num_tokens == tokens, f"{step.num_seqs} sequences"
+        assert step.num_seqs + step.num_more_rows == step.num_tokens == tokens, (
+            f"{step.num_seqs} decode rows and {step.num_more_rows} more for {tokens} tokens"
+        )
         assert (step.num_heads, step.kv_heads, step.head_dim) == (heads, kv_heads, head_dim)
         rotated = heads + kv_heads  # q and k heads, rotated together
         qkv_width = (rotated + kv_heads) * head_dim
