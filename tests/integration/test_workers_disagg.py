@@ -284,3 +284,51 @@ def test_another_roles_calls_fail_with_failed_precondition(
     with pytest.raises(grpc.RpcError) as err:
         list(procs["decode"].stub.Prefill(request, timeout=10))
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+
+# Repeats itself, so prompt lookup finds candidates that greedy decoding accepts.
+REPEATING_PROMPT = "red green blue, red green blue, red green blue, red green"
+SPECULATIVE_DEPTH = 4
+
+
+@pytest.fixture(scope="module")
+def speculating_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProc]]:
+    """A prefill worker and a decode worker that speculates (ngram), apart from ``procs``
+    so their transfers and stats stay their own."""
+    tmp: Path = tmp_path_factory.mktemp("workers_disagg_speculative")
+    speculative = ("--speculative", "ngram", "--num-speculative-tokens", str(SPECULATIVE_DEPTH))
+    launched = [
+        launch_worker("prefill-for-speculation", "prefill", tmp, *WORKER_ARGS),
+        launch_worker("decode-speculative", "decode", tmp, *WORKER_ARGS, *speculative),
+    ]
+    with running(launched) as workers:
+        yield workers
+
+
+def test_a_speculating_decode_worker_gives_the_same_greedy_tokens(
+    speculating_pair: list[WorkerProc],
+    cases: list[Case],
+    offline: dict[str, list[int]],
+    smollm2_tokenizer: Any,
+) -> None:
+    prefill, decode = speculating_pair
+    repeating = smollm2_tokenizer.encode(REPEATING_PROMPT)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    (reference,) = offline_llm().generate([repeating], params)
+    run = run_disaggregated(prefill, decode, "speculated", repeating, greedy(MAX_TOKENS))
+    assert run.token_ids == reference.token_ids
+    stats = decode.stats()
+    assert stats.spec_accepted_tokens > 0 and stats.spec_verify_steps > 0, stats
+    counts = list(stats.spec_acceptance_length_counts)
+    assert len(counts) == SPECULATIVE_DEPTH + 1 and sum(counts) == stats.spec_verify_steps
+    assert sum(length * n for length, n in enumerate(counts)) == stats.spec_accepted_tokens
+    code = cases[1]  # a prompt that does not repeat
+    run = run_disaggregated(prefill, decode, "speculated-code", code.prompt, greedy(MAX_TOKENS))
+    assert run.token_ids == offline[code.name]
+    # A request that opts out never speculates, with the same tokens.
+    before = decode.stats().spec_verify_steps
+    opted_out = greedy(MAX_TOKENS, speculative=False)
+    run = run_disaggregated(prefill, decode, "opted-out", repeating, opted_out)
+    assert run.token_ids == reference.token_ids
+    assert decode.stats().spec_verify_steps == before
+    assert prefill.stats().spec_verify_steps == 0  # the prefill role never speculates
