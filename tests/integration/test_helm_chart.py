@@ -318,6 +318,33 @@ def test_every_command_the_chart_runs_parses_with_the_real_cli() -> None:
                     assert extra == [], (values_file, kind, extra)
 
 
+def test_decode_speculative_values_become_the_decode_workers_flags() -> None:
+    from pdserve.cluster.cli import build_parser
+    from pdserve.engine.speculative.config import SpeculativeConfig
+    from pdserve.engine.speculative.options import speculative_config
+
+    assert all("--speculative" not in a for _, c in containers(render({})) for a in c["args"])
+    docs = render(load_values("speculative.yaml"))
+    assert not any("speculative" in a for a in container(docs, "prefill")["args"])
+    decode = container(docs, "decode")
+    assert arg_value(decode, "--speculative") == "ngram"
+    assert arg_value(decode, "--num-speculative-tokens") == "6"
+    assert arg_value(decode, "--min-acceptance") == "0.25"
+    assert arg_value(decode, "--ngram-min") is None  # null: the worker's default holds
+    args, _extra = build_parser().parse_known_args(decode["args"])
+    assert speculative_config(args) == SpeculativeConfig(
+        method="ngram",
+        num_speculative_tokens=6,
+        max_verify_tokens=48,
+        min_acceptance=0.25,
+        ngram_branches=2,
+    )
+    draft = {"method": "draft", "draftModel": "/models/draft", "draftNumBlocks": 1000000}
+    decode = container(render({"decode": {"speculative": draft}}), "decode")
+    assert arg_value(decode, "--draft-model") == "/models/draft"
+    assert arg_value(decode, "--draft-num-blocks") == "1000000"  # an integer, not 1e+06
+
+
 def test_no_gpu_is_requested_by_default() -> None:
     for deployment, c in containers(render({})):
         resources = json.dumps(c.get("resources", {}))
@@ -633,6 +660,11 @@ def test_optional_parts_off() -> None:
         ({"decode": {"gpus": -2}}, "at '/decode/gpus'", "minimum"),
         ({"autoscaling": {"mode": "auto"}}, "at '/autoscaling/mode'", "must be one of"),
         (
+            {"decode": {"speculative": {"method": "ngram", "ngramMin": 0}}},
+            "at '/decode/speculative/ngramMin'",
+            "minimum",
+        ),
+        (
             {"redis": {"bundled": {"auth": {"password": "p@ss"}}}},
             "at '/redis/bundled/auth/password'",
             "does not match pattern",
@@ -666,6 +698,14 @@ def test_schema_rejects_bad_values(values: dict[str, Any], where: str, what: str
         (
             {"prefill": {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}},
             "prefill.autoscaling.minReplicas (5) must not exceed",
+        ),
+        (
+            {"decode": {"speculative": {"method": "draft"}}},
+            "decode.speculative.draftModel is required when decode.speculative.method is draft",
+        ),
+        (
+            {"prefill": {"speculative": {"method": "ngram"}}},
+            "prefill.speculative: prefill workers never speculate",
         ),
     ],
 )

@@ -226,10 +226,45 @@ Checks of combinations the schema cannot express; each failure says what to chan
 {{- fail (printf "autoscaling.keda.extraMetricLabels must not set %s: the chart's query sets it itself" $label) }}
 {{- end }}
 {{- end }}
+{{- if hasKey .Values.prefill "speculative" }}
+{{- fail "prefill.speculative: prefill workers never speculate (they sample only the first token); set decode.speculative" }}
+{{- end }}
+{{- with .Values.decode.speculative }}
+{{- if and (eq .method "draft") (not .draftModel) }}
+{{- fail "decode.speculative.draftModel is required when decode.speculative.method is draft" }}
+{{- end }}
+{{- end }}
 {{- range $pool := list "prefill" "decode" }}
 {{- $bounds := (index $.Values $pool).autoscaling }}
 {{- if gt (int $bounds.minReplicas) (int $bounds.maxReplicas) }}
 {{- fail (printf "%s.autoscaling.minReplicas (%d) must not exceed %s.autoscaling.maxReplicas (%d)" $pool (int $bounds.minReplicas) $pool (int $bounds.maxReplicas)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A pool's speculative decoding flags (decode.speculative): none while its method is off;
+a knob left null is not passed, so the worker's default holds. Integer knobs are printed
+as integers (values arrive as floats: %v would print 1e+06).
+*/}}
+{{- define "pdserve.speculativeArgs" -}}
+{{- with .speculative }}
+{{- if ne .method "off" }}
+{{- $spec := . }}
+{{- $integerFlags := dict "numSpeculativeTokens" "--num-speculative-tokens" "maxTreeNodes" "--max-tree-nodes" "maxVerifyTokens" "--max-verify-tokens" "ngramMin" "--ngram-min" "ngramMax" "--ngram-max" "ngramBranches" "--ngram-branches" "draftNumBlocks" "--draft-num-blocks" }}
+- --speculative={{ .method }}
+{{- range $key, $flag := $integerFlags }}
+{{- $value := index $spec $key }}
+{{- if not (kindIs "invalid" $value) }}
+- {{ printf "%s=%d" $flag (int64 $value) | quote }}
+{{- end }}
+{{- end }}
+{{- if not (kindIs "invalid" .minAcceptance) }}
+- {{ printf "--min-acceptance=%v" .minAcceptance | quote }}
+{{- end }}
+{{- with .draftModel }}
+- {{ printf "--draft-model=%s" . | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
