@@ -1,4 +1,5 @@
 import argparse
+import dataclasses
 import subprocess
 import sys
 
@@ -84,6 +85,8 @@ def test_speculative_flags_rebuild_their_config() -> None:
     )
     parser = argparse.ArgumentParser()
     add_speculative_arguments(parser)
+    every_field = {f.name for f in dataclasses.fields(SpeculativeConfig)} - {"method"}
+    assert set(vars(parser.parse_args([]))) == every_field | {"speculative"}, "a field lacks a flag"
     flags = speculative_flags(config)
     assert flags[:2] == ["--speculative", "draft"] and len(flags) == 2 + 2 * 3  # non-defaults
     assert speculative_config(parser.parse_args(flags)) == config
