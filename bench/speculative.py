@@ -1,7 +1,7 @@
 """Speculative decoding on this machine: off vs prompt lookup as one chain vs as a token tree,
 in one run, on the same requests.
 
-    python -m pdserve.bench.speculative [--rounds 2] [--max-tokens 160] [--json out.json]
+    python -m pdserve.bench.speculative [--rounds 3] [--max-tokens 160] [--json out.json]
                                         [--quick]
 
 Three workloads, every request seeded or greedy, so each configuration produces the very same
@@ -14,8 +14,9 @@ tokens (checked) and only the time differs:
 * ``batch32``: 32 requests at once, half of each kind: whether speculation stays out of the
   way when the batch is large.
 
-Configurations alternate round by round (off, chain, tree, off, ...) and each figure is the
-median over rounds, so a slow moment of the machine hits all of them alike. Reported per
+Each configuration has its own engine, built and warmed once; rounds rotate the order (off,
+chain, tree; chain, tree, off; ...) and each figure is the median over rounds, so neither a
+slow moment of the machine nor a place in the order favours one of them. Reported per
 workload and configuration: output tokens/s and the ratio to off; acceptance length (tokens
 per verify step: accepted candidates + 1); for the tree, the candidates it kept off its first
 chain (its gain over a single chain); for ``batch32`` also goodput (requests/s meeting TTFT
@@ -63,6 +64,7 @@ TYPOS = {"the": "teh", "and": "adn", "software": "sofware", "license": "licnese"
 # SLOs of the batch32 workload (this CPU's scale): time to first token, mean time per token.
 TTFT_SLO_S = 8.0
 TPOT_SLO_S = 0.25
+NUM_BLOCKS = 1280  # per engine: 20,480 token slots, room for the 32 requests of batch32
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,6 +93,7 @@ class Row:
     config: str
     output_tokens_per_s: float
     speedup: float
+    verify_steps: int  # over all rounds
     acceptance_length: float
     branch_accepted_share: float  # accepted candidates off the first chain / all accepted
     goodput_rps: float | None
@@ -124,12 +127,20 @@ def _typos(text: str) -> str:
     return " ".join(TYPOS.get(word, word) for word in text.split())
 
 
-def run_config(
-    loaded: LoadedModel, config: dict[str, object], requests: Sequence[Request], batch: bool
-) -> Run:
+def build_engines(loaded: LoadedModel) -> dict[str, LLM]:
+    """One engine per configuration, built once and warmed (kernels built, pages touched):
+    engines built between runs ran measurably slower than the first (5% on batch32), which
+    would favour whichever configuration came first."""
+    engines = {}
+    for name, config in CONFIGS.items():
+        llm = LLM(None, loaded=loaded, num_blocks=NUM_BLOCKS, **config)
+        llm.generate(chat("Hello"), SamplingParams(temperature=0.0, max_tokens=8))
+        engines[name] = llm
+    return engines
+
+
+def run_config(llm: LLM, requests: Sequence[Request], batch: bool) -> Run:
     """Batch 1: one request at a time; else all at once. Times every streamed token."""
-    llm = LLM(None, loaded=loaded, **config)
-    llm.generate(requests[0].prompt, requests[0].params)  # warm: kernels built, pages touched
     before = _spec_counts(llm)
     groups = [list(range(len(requests)))] if batch else [[i] for i in range(len(requests))]
     run = Run(wall_s=0.0, output_tokens=0, tokens=[[] for _ in requests])
@@ -193,6 +204,7 @@ def summarize(workload: str, name: str, runs: list[Run], off: list[Run], batch: 
         config=name,
         output_tokens_per_s=tps,
         speedup=tps / off_tps,
+        verify_steps=steps,
         acceptance_length=1.0 + accepted / steps if steps else 1.0,
         branch_accepted_share=sum(r.branch_accepted for r in runs) / max(1, accepted),
         goodput_rps=goodput,
@@ -258,15 +270,18 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
         ),
     }
     rounds = 1 if args.quick else args.rounds
+    engines = build_engines(loaded)
+    names = list(CONFIGS)
     rows: list[Row] = []
     total = len(workloads) * len(CONFIGS) * rounds
     with tqdm(total=total, desc="speculative", unit="run") as bar:
         for workload, (requests, batch) in workloads.items():
             runs: dict[str, list[Run]] = {name: [] for name in CONFIGS}
-            for _ in range(rounds):
-                for name, config in CONFIGS.items():
+            for round_index in range(rounds):
+                # each configuration takes each place in the order once every len(CONFIGS)
+                for name in names[round_index % len(names) :] + names[: round_index % len(names)]:
                     bar.set_postfix_str(f"{workload} {name}")
-                    runs[name].append(run_config(loaded, config, requests, batch))
+                    runs[name].append(run_config(engines[name], requests, batch))
                     bar.update(1)
             _check_same_tokens(workload, runs)
             rows += [summarize(workload, n, r, runs["off"], batch) for n, r in runs.items()]
@@ -283,14 +298,14 @@ def _check_same_tokens(workload: str, runs: dict[str, list[Run]]) -> None:
 
 def print_table(rows: Sequence[Row]) -> None:
     print(
-        f"{'workload':<9} {'config':<12} {'out tok/s':>10} {'vs off':>7} "
+        f"{'workload':<9} {'config':<12} {'out tok/s':>10} {'vs off':>7} {'verify steps':>12} "
         f"{'accept len':>10} {'off-chain':>9} {'goodput r/s':>11}"
     )
     for row in rows:
         goodput = "" if row.goodput_rps is None else f"{row.goodput_rps:.3f}"
         print(
             f"{row.workload:<9} {row.config:<12} {row.output_tokens_per_s:>10.1f} "
-            f"{row.speedup:>6.2f}x {row.acceptance_length:>10.2f} "
+            f"{row.speedup:>6.2f}x {row.verify_steps:>12} {row.acceptance_length:>10.2f} "
             f"{row.branch_accepted_share:>8.1%} {goodput:>11}"
         )
 
@@ -303,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="rotating rounds (median)")
     parser.add_argument("--max-tokens", type=int, default=160, help="output cap per request")
     parser.add_argument("--json", default=None, help="also write the rows here")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny, one round")

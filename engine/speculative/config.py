@@ -25,7 +25,7 @@ class SpeculativeConfig:
     method: str = "off"
     num_speculative_tokens: int = 8
     max_tree_nodes: int = 16
-    max_verify_tokens: int = 32
+    max_verify_tokens: int = 16
     min_acceptance: float = 0.5
     ngram_min: int = 2
     ngram_max: int = 5

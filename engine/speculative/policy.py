@@ -3,9 +3,11 @@
 Two limits, both from what speculation costs and earns:
 
 * the batch: a step speculates only while ``decoding sequences + candidates`` fits
-  ``max_verify_tokens``; the spare tokens are shared evenly. At batch 1 on a CPU a step of
-  20 tokens costs little more than a step of 1 (the weights are read once either way); at
-  batch 32 the step is already compute-bound and every candidate costs its full share.
+  ``max_verify_tokens``; the spare tokens are shared evenly. While a step is bound by
+  reading the weights, a few more rows cost little (on the 2-core CPU of
+  docs/benchmarks.md, verifying 4 candidates took 1.12x a decode step, 16 took 2.18x);
+  once the batch fills the step, every candidate costs a row's full share and can only
+  lose, so speculation stops.
 * the sequence's record: the depth follows the mean accepted length (exponentially
   weighted), so a sequence whose candidates keep failing proposes short ones, and one whose
   candidates are all accepted proposes up to ``num_speculative_tokens``. Below
