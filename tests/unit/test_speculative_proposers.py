@@ -69,7 +69,8 @@ def test_policy_depth_follows_the_acceptance_record() -> None:
 
 
 def test_a_sequence_whose_candidates_fail_pauses_then_tries_again() -> None:
-    policy = SpeculationPolicy(SpeculativeConfig(method="ngram", min_acceptance=0.5))
+    config = SpeculativeConfig(method="ngram", min_acceptance=0.5)
+    policy = SpeculationPolicy(config)
     for _ in range(20):
         policy.record("bad", 0)
     paused = 0
@@ -78,4 +79,4 @@ def test_a_sequence_whose_candidates_fail_pauses_then_tries_again() -> None:
         assert paused < 100, "a paused sequence never tries again"
     assert paused > 10
     policy.forget("bad")
-    assert policy.limits("bad", 1) == ProposalLimits(max_depth=8, max_nodes=16)
+    assert policy.limits("bad", 1) == SpeculationPolicy(config).limits("new", 1)  # a fresh start
