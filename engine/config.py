@@ -14,14 +14,27 @@ DTYPES = ("float32", "bfloat16")
 
 @dataclass(slots=True, frozen=True)
 class CacheConfig:
-    """The paged KV pool. Its size is fixed at start: ``num_blocks`` if given, else the budget."""
+    """The paged KV pool. Its size is fixed at start: ``num_blocks`` if given, else the budget.
+
+    Tiers under the pool (prefix caching on): cached blocks the pool evicts are kept as int8
+    in host memory (``host_tier_bytes``, 0 = off), and what that pushes out goes to files
+    under ``disk_tier_path`` (None = off) within ``disk_tier_bytes``.
+    """
 
     block_size: int = 16
     num_blocks: int | None = None
     memory_budget_bytes: int = 2 * 1024**3
     enable_prefix_caching: bool = True
+    host_tier_bytes: int = 0
+    disk_tier_path: str | None = None
+    disk_tier_bytes: int = 16 * 1024**3
 
     def __post_init__(self) -> None:
+        if self.host_tier_bytes < 0 or self.disk_tier_bytes < 0:
+            raise ValueError(
+                f"tier sizes must be >= 0, got host_tier_bytes={self.host_tier_bytes}, "
+                f"disk_tier_bytes={self.disk_tier_bytes}"
+            )
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 2:

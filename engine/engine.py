@@ -15,6 +15,7 @@ import torch
 
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.kv_cache import ImportReservation
+from pdserve.engine.kv_cache.tiers import TierStats
 from pdserve.engine.outputs import StepOutput, TokenLogprob
 from pdserve.engine.sampler import Sampler, SampleRequest, SampleResult, is_plain_greedy
 from pdserve.engine.sampling_params import SamplingParams
@@ -68,6 +69,7 @@ class LLMEngine:
         self.tokenizer = state.tokenizer
         self.kv = state.kv
         self.runner = state.runner
+        self.tiers = state.tiers
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.sampler = Sampler()
         self.max_model_len = state.max_model_len
@@ -149,7 +151,9 @@ class LLMEngine:
         """Reserve blocks for a prompt whose KV another worker computes (None: no room)."""
         if request_id in self._request_seqs or request_id in self.kv:
             raise ValueError(f"request_id {request_id!r} is already known; use a new id")
-        return self.kv.reserve_for_import(request_id, prompt_token_ids)
+        reservation = self.kv.reserve_for_import(request_id, prompt_token_ids)
+        self._sync_tiers()  # save what the reservation evicted before the KV lands there
+        return reservation
 
     def cancel_import(self, request_id: str) -> None:
         """The transfer failed or the caller went away: give the reserved blocks back."""
@@ -197,6 +201,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.decoding(), self.max_model_len)
         plan = self.scheduler.schedule()
+        self._sync_tiers()
         if plan.is_empty:
             return []
         logits = self.runner.execute(plan)
@@ -208,6 +213,16 @@ class LLMEngine:
             for observer in self._step_observers:
                 observer(record)
         return outputs
+
+    def tier_stats(self) -> TierStats:
+        """Counters of the KV tiers under the pool (zeros without tiers)."""
+        return self.tiers.stats() if self.tiers is not None else TierStats()
+
+    def _sync_tiers(self) -> None:
+        """Before the pool is written: save the blocks it evicted, load the tier hits."""
+        if self.tiers is not None:
+            pool = self.runner.kv_cache
+            self.tiers.sync(pool, self.kv.take_evictions(), self.kv.take_block_loads())
 
     def _sample(self, plan: BatchPlan, logits: torch.Tensor) -> dict[str, _Sampled]:
         """Sample every plain chunk in one call; verify each verify chunk's tree (and move

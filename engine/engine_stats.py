@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from pdserve.engine.kv_cache.tiers import TierStats
 
 if TYPE_CHECKING:
     from pdserve.engine.engine import LLMEngine
@@ -40,6 +42,7 @@ class EngineStats:
     prompt_tokens: int  # prompts of requests accepted here (imported ones included)
     generated_tokens: int  # tokens this engine sampled
     speculation: SpeculationCounts
+    tiers: TierStats = field(default_factory=TierStats)
 
 
 def engine_stats(
@@ -61,6 +64,7 @@ def engine_stats(
         prompt_tokens=prompt_tokens,
         generated_tokens=generated_tokens,
         speculation=speculation_counts(engine.speculator),
+        tiers=engine.tier_stats(),
     )
 
 

@@ -16,6 +16,7 @@ from pdserve.engine.model.llama import LlamaModel
 from pdserve.engine.model.loader import load_model
 from pdserve.engine.model.registry import ModelSource, resolve_model
 from pdserve.engine.runner import ModelRunner, allocate_kv_cache, bytes_per_block
+from pdserve.engine.tiers import TierStore, build_tiers
 from pdserve.engine.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class WorkerState:
     kv: KVCacheManager
     runner: ModelRunner
     max_model_len: int
+    tiers: TierStore | None  # the KV tiers under the pool, if configured
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,11 +71,15 @@ def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) 
         config.cache.memory_budget_bytes, block_bytes
     )
     kv_cache = allocate_kv_cache(model_config, num_blocks, block_size, dtype)
+    tiers = None
+    if config.cache.enable_prefix_caching:
+        tiers = build_tiers(config.cache, kv_cache, source.model_id)
     kv = KVCacheManager(
         num_blocks,
         block_size,
         enable_prefix_caching=config.cache.enable_prefix_caching,
         extra_keys=make_extra_keys(source.model_id),
+        tiers=tiers,
     )
     backend = get_backend(config.attention_backend, "cpu")
     runner = ModelRunner(model_config, model, kv_cache, block_size, attention_backend=backend)
@@ -88,4 +94,4 @@ def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) 
         block_size,
         num_blocks * block_bytes / 2**30,
     )
-    return WorkerState(source, model_config, tokenizer, kv, runner, max_model_len)
+    return WorkerState(source, model_config, tokenizer, kv, runner, max_model_len, tiers)

@@ -12,6 +12,10 @@ A free block may still hold a cached hash: it stays findable by :meth:`BlockPool
 can be revived with :meth:`BlockPool.touch` until ``allocate`` reuses it, which evicts the hash
 (a ``BlocksRemoved`` event). At most one block holds a given hash; caching a second block with
 a hash already present leaves that block uncached (its KV equals the first one's).
+
+With ``keep_evictions`` the pool also remembers which block held each evicted hash, until
+:meth:`BlockPool.take_evictions`: the engine saves those blocks' KV to the tiers below the
+pool before the step overwrites them.
 """
 
 from __future__ import annotations
@@ -36,13 +40,15 @@ class Block:
 class BlockPool:
     """``num_blocks`` blocks, fixed at construction; never grows."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, keep_evictions: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self._blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[BlockHash, int] = {}
         self._events: list[KVCacheEvent] = []
+        self._keep_evictions = keep_evictions
+        self._evictions: list[tuple[int, BlockHash]] = []
 
     # -- sizes -----------------------------------------------------------------------
     @property
@@ -78,6 +84,8 @@ class BlockPool:
             assert block.ref_cnt == 0, f"free block {block_id} has ref_cnt {block.ref_cnt}"
             if block.block_hash is not None:
                 evicted.append(block.block_hash)
+                if self._keep_evictions:
+                    self._evictions.append((block_id, block.block_hash))
                 del self._cached[block.block_hash]
                 block.block_hash = None
             block.ref_cnt = 1
@@ -144,6 +152,12 @@ class BlockPool:
     def cached_block_hashes(self) -> tuple[BlockHash, ...]:
         """Every hash currently cached (for a snapshot to the locality index)."""
         return tuple(self._cached)
+
+    def take_evictions(self) -> list[tuple[int, BlockHash]]:
+        """``(block_id, evicted hash)`` pairs since the last call, oldest first; clears them.
+        The block still holds that hash's KV until the next step writes it."""
+        evictions, self._evictions = self._evictions, []
+        return evictions
 
     def drain_events(self) -> list[KVCacheEvent]:
         """The events recorded since the last drain, oldest first; clears them."""

@@ -5,6 +5,12 @@ Copy-on-write pairs queued by ``allocate`` are taken with
 forward pass (a block freed by one copy may be the destination of a later one).
 See ``block_table.py`` for the layout of one table, ``prefix.py`` for prefix lookups and the
 result types (``PrefixMatch``, ``ImportReservation``).
+
+With tiers below the pool (``tiers``), a prefix lookup continues past the pool's cached
+blocks into them; ``allocate`` gives such blocks fresh pool blocks and queues
+``(block_id, block_hash)`` loads, taken with :meth:`KVCacheManager.take_block_loads`, that
+the engine applies before the forward pass (after saving the blocks it evicted, taken with
+:meth:`KVCacheManager.take_evictions`: a load may land in a just-evicted block).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pdserve.engine.kv_cache.prefix import (
     assert_match_current,
     match_prefix,
 )
+from pdserve.engine.kv_cache.tiers import LowerTiers
 
 __all__ = ["ImportReservation", "KVCacheManager", "PrefixMatch"]
 
@@ -38,15 +45,18 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         extra_keys: Sequence[str] = (),
+        tiers: LowerTiers | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        self._pool = BlockPool(num_blocks)
+        self._tiers = tiers if enable_prefix_caching else None
+        self._pool = BlockPool(num_blocks, keep_evictions=self._tiers is not None)
         self._block_size = block_size
         self._caching = enable_prefix_caching
         self._extra = encode_extra_keys(extra_keys)
         self._seqs: dict[str, SequenceBlocks] = {}
         self._copies: list[tuple[int, int]] = []
+        self._loads: list[tuple[int, BlockHash]] = []
         self.prefix_hit_tokens = 0
         self.prefix_queried_tokens = 0
 
@@ -92,12 +102,13 @@ class KVCacheManager:
 
     # -- prefix lookup and allocation ------------------------------------------------
     def lookup_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:
-        """Longest run of cached full blocks at the start of ``token_ids``.
+        """Longest run of cached full blocks at the start of ``token_ids``, in the pool and
+        then in the tiers below it.
 
         Never the whole sequence: at most ``len(token_ids) - 1`` tokens, rounded down to whole
         blocks, so the last token is always computed and yields logits. Changes nothing.
         """
-        return self._match(token_ids, max(0, len(token_ids) - 1))
+        return self._match(token_ids, max(0, len(token_ids) - 1), self._tiers)
 
     def allocate(
         self,
@@ -185,6 +196,17 @@ class KVCacheManager:
         copies, self._copies = self._copies, []
         return copies
 
+    def take_block_loads(self) -> list[tuple[int, BlockHash]]:
+        """Tier hits to load: ``(destination block, block hash)`` queued since the last call,
+        in order; clears. Each block is already cached under its hash."""
+        loads, self._loads = self._loads, []
+        return loads
+
+    def take_evictions(self) -> list[tuple[int, BlockHash]]:
+        """``(block_id, hash)`` of cached blocks the pool reused since the last call (only
+        with tiers): their KV is still in the block until the next step writes it."""
+        return self._pool.take_evictions()
+
     # -- disaggregation hooks --------------------------------------------------------
     def reserve_for_import(self, seq_id: str, token_ids: Sequence[int]) -> ImportReservation | None:
         """Reserve blocks for all of ``token_ids`` whose KV another worker computed.
@@ -244,10 +266,12 @@ class KVCacheManager:
                 f"0 <= num_new_tokens ({num_new}) with their sum <= {len(token_ids)} tokens"
             )
 
-    def _match(self, token_ids: Sequence[int], max_tokens: int) -> PrefixMatch:
+    def _match(
+        self, token_ids: Sequence[int], max_tokens: int, tiers: LowerTiers | None = None
+    ) -> PrefixMatch:
         if not self._caching:
             return PrefixMatch()
-        return match_prefix(self._pool, self._block_size, self._extra, token_ids, max_tokens)
+        return match_prefix(self._pool, self._block_size, self._extra, token_ids, max_tokens, tiers)
 
     def _allocate_first(
         self,
@@ -280,6 +304,7 @@ class KVCacheManager:
         self._pool.touch(prefix.block_ids)
         fresh = self._pool.allocate(num_fresh)
         assert fresh is not None, f"{num_fresh} free blocks were counted but not allocated"
+        self._loads += zip(fresh, prefix.tier_block_hashes, strict=False)
         hasher = None
         if self._caching:
             hasher = BlockHasher(

@@ -13,19 +13,28 @@ from dataclasses import dataclass
 
 from pdserve.engine.kv_cache.block_pool import BlockPool
 from pdserve.engine.kv_cache.hashing import BlockHash, BlockHasher
+from pdserve.engine.kv_cache.tiers import LowerTiers
 
 
 @dataclass(slots=True, frozen=True)
 class PrefixMatch:
     """A prefix-cache hit: the leading cached blocks and how many tokens they cover.
 
-    ``block_hashes`` are the hashes of *all* full blocks of the looked-up tokens, so the
-    following ``allocate`` does not hash them again.
+    ``block_ids`` are the pool's blocks; the ``num_tier_blocks`` blocks after them are held by
+    a tier below the pool and are loaded into fresh blocks on allocation. ``num_tokens``
+    covers both. ``block_hashes`` are the hashes of *all* full blocks of the looked-up
+    tokens, so the following ``allocate`` does not hash them again.
     """
 
     block_ids: tuple[int, ...] = ()
     num_tokens: int = 0
     block_hashes: tuple[BlockHash, ...] = ()
+    num_tier_blocks: int = 0
+
+    @property
+    def tier_block_hashes(self) -> tuple[BlockHash, ...]:
+        first = len(self.block_ids)
+        return self.block_hashes[first : first + self.num_tier_blocks]
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,16 +61,26 @@ def match_prefix(
     encoded_extra_keys: bytes,
     token_ids: Sequence[int],
     max_tokens: int,
+    tiers: LowerTiers | None = None,
 ) -> PrefixMatch:
-    """The longest run of cached full blocks within the first ``max_tokens`` tokens."""
+    """The longest run of cached full blocks within the first ``max_tokens`` tokens: the
+    pool's first, then (given ``tiers``) those the tiers below hold."""
     hashes = BlockHasher(block_size, encoded_extra_keys=encoded_extra_keys).update(token_ids)
+    candidates = hashes[: max_tokens // block_size]
     hit: list[int] = []
-    for block_hash in hashes[: max_tokens // block_size]:
+    for block_hash in candidates:
         block_id = pool.lookup(block_hash)
         if block_id is None:
             break
         hit.append(block_id)
-    return PrefixMatch(tuple(hit), len(hit) * block_size, tuple(hashes))
+    num_tier = 0
+    if tiers is not None:
+        for block_hash in candidates[len(hit) :]:
+            if not tiers.holds(block_hash):
+                break
+            num_tier += 1
+    num_tokens = (len(hit) + num_tier) * block_size
+    return PrefixMatch(tuple(hit), num_tokens, tuple(hashes), num_tier)
 
 
 def assert_match_current(pool: BlockPool, seq_id: str, prefix: PrefixMatch) -> None:

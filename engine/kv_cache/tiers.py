@@ -1,0 +1,94 @@
+"""What the prefix cache knows of the tiers under the pool (pure: no torch, no I/O).
+
+A full, cached block evicted from the pool may live on below it, in host memory or on disk
+(``engine/tiers/``). The manager only needs to ask whether a hash is held there; the engine
+moves the bytes. :class:`LruBytes` is the replacement policy every tier shares.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from pdserve.engine.kv_cache.hashing import BlockHash
+
+
+class LowerTiers(Protocol):
+    """The tiers below the pool, as the prefix lookup sees them."""
+
+    def holds(self, block_hash: BlockHash) -> bool:
+        """Whether some tier can load the block with this hash back into the pool."""
+        ...
+
+
+class LruBytes:
+    """Block hashes with their sizes, least recently used first, within ``capacity_bytes``.
+
+    ``add`` returns the hashes it pushed out to make room, oldest first; an entry larger than
+    the whole capacity is refused (returned as its own eviction).
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self._sizes: OrderedDict[BlockHash, int] = OrderedDict()
+        self.used_bytes = 0
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._sizes
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        """Least recently used first."""
+        return iter(self._sizes)
+
+    def add(self, block_hash: BlockHash, size_bytes: int) -> list[BlockHash]:
+        """Insert (or refresh) ``block_hash`` as most recent; return the hashes evicted."""
+        if size_bytes > self.capacity_bytes:
+            return [block_hash]
+        self.remove(block_hash)
+        evicted: list[BlockHash] = []
+        while self.used_bytes + size_bytes > self.capacity_bytes:
+            oldest, size = self._sizes.popitem(last=False)
+            self.used_bytes -= size
+            evicted.append(oldest)
+        self._sizes[block_hash] = size_bytes
+        self.used_bytes += size_bytes
+        return evicted
+
+    def touch(self, block_hash: BlockHash) -> None:
+        """Mark as most recently used."""
+        self._sizes.move_to_end(block_hash)
+
+    def remove(self, block_hash: BlockHash) -> bool:
+        size = self._sizes.pop(block_hash, None)
+        if size is None:
+            return False
+        self.used_bytes -= size
+        return True
+
+
+@dataclass(slots=True, frozen=True)
+class TierStats:
+    """The tiers' counters since the engine started (zeros when no tier is configured).
+
+    Hits are prompt tokens served from a tier (they count as prefix-hit tokens too); bytes
+    are the int8 payloads moved: into a tier when stored, out of it when loaded back.
+    """
+
+    host_hit_tokens: int = 0
+    disk_hit_tokens: int = 0
+    host_stored_blocks: int = 0  # evicted from the pool into host memory
+    disk_stored_blocks: int = 0  # evicted from host memory onto disk
+    host_bytes_in: int = 0
+    host_bytes_out: int = 0
+    disk_bytes_in: int = 0
+    disk_bytes_out: int = 0
+    host_used_bytes: int = 0
+    disk_used_bytes: int = 0
+    disk_stopped: bool = False  # a write failed (e.g. the disk is full): no more disk writes

@@ -1,0 +1,157 @@
+"""The disk tier: one checksummed file per block under a directory, bounded in bytes, LRU.
+
+Files are written whole to a temporary name and renamed, so a crash leaves either the old
+state or a complete file (plus a ``.tmp`` that the next start deletes). At start the tier
+indexes the files it finds by their headers, oldest modification first; a file that fails
+its header or checksum is logged and deleted. A failed write (a full disk) stops the tier
+from writing, with one log line; what it holds stays readable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from pdserve.engine.kv_cache.hashing import BlockHash
+from pdserve.engine.kv_cache.tiers import LruBytes
+from pdserve.engine.tiers.disk_format import (
+    HEADER_PROBE_BYTES,
+    BlockShape,
+    TierFileError,
+    TierFileHeader,
+    decode_file,
+    decode_header,
+    decode_payload,
+    encode_file,
+    encode_payload,
+)
+from pdserve.kv_codec import Int8Blocks
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".kvblock"
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, then rename)."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class DiskTier:
+    """Blocks of one model and block shape, as files under ``directory``."""
+
+    def __init__(
+        self, directory: str | Path, capacity_bytes: int, model_id: str, shape: BlockShape
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._model_id = model_id
+        self._shape = shape
+        self._lru = LruBytes(capacity_bytes)
+        self.stopped = False
+        self._index_existing()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._lru.used_bytes
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._lru
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def put(self, block_hash: BlockHash, q: Int8Blocks) -> int:
+        """Store ``q`` as most recent; return the bytes written (0 once stopped or failed)."""
+        if self.stopped:
+            return 0
+        data = encode_file(block_hash, self._model_id, self._shape, encode_payload(q))
+        try:
+            write_file(self._path(block_hash), data)
+        except OSError as err:
+            self.stopped = True
+            log.error("disk KV tier at %s stops writing: %s", self.directory, err)
+            return 0
+        for evicted in self._lru.add(block_hash, len(data)):
+            self._delete(evicted)
+        return len(data)
+
+    def get(self, block_hash: BlockHash) -> tuple[Int8Blocks, int] | None:
+        """The block and the bytes read, or None (not held, or its file failed its checks:
+        then the file is logged and deleted)."""
+        if block_hash not in self._lru:
+            return None
+        path = self._path(block_hash)
+        try:
+            data = path.read_bytes()
+            header, payload = decode_file(data)
+            self._check_header_is_ours(header)
+            if header.block_hash != block_hash:
+                raise TierFileError(f"holds block {header.block_hash:016x}")
+        except (OSError, TierFileError) as err:
+            log.warning("disk KV tier: dropping %s: %s", path.name, err)
+            self._lru.remove(block_hash)
+            self._unlink(path)
+            return None
+        self._lru.touch(block_hash)
+        return decode_payload(payload, self._shape), len(data)
+
+    # -- internals ---------------------------------------------------------------------
+    def _path(self, block_hash: BlockHash) -> Path:
+        return self.directory / f"{block_hash:016x}{SUFFIX}"
+
+    def _delete(self, block_hash: BlockHash) -> None:
+        self._unlink(self._path(block_hash))
+
+    def _unlink(self, path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as err:
+            log.warning("disk KV tier: cannot delete %s: %s", path, err)
+
+    def _check_header_is_ours(self, header: TierFileHeader) -> None:
+        if header.model_id != self._model_id or header.shape != self._shape:
+            raise TierFileError(
+                f"holds {header.model_id} {header.shape}, not {self._model_id} {self._shape}"
+            )
+        if header.payload_bytes != self._shape.payload_bytes():
+            raise TierFileError(
+                f"payload of {header.payload_bytes} bytes, the shape needs "
+                f"{self._shape.payload_bytes()}"
+            )
+
+    def _index_existing(self) -> None:
+        for tmp in self.directory.glob("*.tmp"):
+            self._unlink(tmp)
+        files = sorted(self.directory.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime_ns)
+        for path in files:
+            block_hash = self._indexable(path)
+            if block_hash is None:
+                self._unlink(path)
+                continue
+            for evicted in self._lru.add(block_hash, path.stat().st_size):
+                self._delete(evicted)
+        if files:
+            log.info("disk KV tier at %s: %d blocks indexed", self.directory, len(self._lru))
+
+    def _indexable(self, path: Path) -> BlockHash | None:
+        """The file's block hash if its header is ours, names it and matches its size."""
+        try:
+            with open(path, "rb") as f:
+                header = decode_header(f.read(HEADER_PROBE_BYTES))
+            self._check_header_is_ours(header)
+            size = path.stat().st_size
+            if size != header.header_bytes + header.payload_bytes:
+                raise TierFileError(
+                    f"{size} bytes, header says {header.header_bytes} + {header.payload_bytes}"
+                )
+            if path.name != self._path(header.block_hash).name:
+                raise TierFileError(f"named {path.name} but holds {header.block_hash:016x}")
+        except (OSError, TierFileError) as err:
+            log.warning("disk KV tier: dropping %s: %s", path.name, err)
+            return None
+        return header.block_hash

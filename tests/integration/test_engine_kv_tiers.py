@@ -1,0 +1,92 @@
+"""Greedy output is unchanged (fp32) when a prompt's prefix blocks were evicted from a tiny
+pool and come back from the host tier, from the disk tier, and from the disk tier a new
+engine indexes at start; the tier counters show the hits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.worker_state import LoadedModel
+
+pytestmark = pytest.mark.slow
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+POOL = {"num_blocks": 40, "block_size": 16}  # 640 token slots
+HOST_BYTES = 64 * 200_000  # room for 64 int8 blocks of the default model
+PREFIX_TOKENS = 320  # 20 blocks, shared by the two questions
+FILLER_TOKENS = 624  # + 16 new tokens = all 40 blocks: evicts the whole prefix
+
+
+@pytest.fixture(scope="module")
+def loaded(default_model_source: Any, smollm2_model: Any, smollm2_tokenizer: Any) -> LoadedModel:
+    return LoadedModel(default_model_source, smollm2_model, smollm2_tokenizer, "float32")
+
+
+def _ids(tokenizer: Any, text: str, num_tokens: int) -> list[int]:
+    ids = tokenizer.encode(text)
+    assert len(ids) >= num_tokens, f"the text gives {len(ids)} tokens, want {num_tokens}"
+    return ids[:num_tokens]
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2_tokenizer: Any) -> dict[str, list[int]]:
+    story = " ".join(
+        f"Day {i}: the keeper logged the ships, trimmed the wick and watched the tide."
+        for i in range(40)
+    )
+    filler = " ".join(f"Item {i}: a crate of {i * 7 % 13} pears left the dock." for i in range(90))
+    prefix = _ids(smollm2_tokenizer, story, PREFIX_TOKENS)
+    return {
+        "first": prefix + smollm2_tokenizer.encode(" What did the keeper log on day 3?"),
+        "second": prefix + smollm2_tokenizer.encode(" Summarise the keeper's evenings."),
+        "filler": _ids(smollm2_tokenizer, filler, FILLER_TOKENS),
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(loaded: LoadedModel, prompts: dict[str, list[int]]) -> list[int]:
+    """The second question's tokens computed from scratch (no cache, no tiers)."""
+    llm = LLM(loaded=loaded, enable_prefix_caching=False, **POOL)
+    return llm.generate([prompts["second"]], GREEDY)[0].token_ids
+
+
+def _evict_then_ask(llm: LLM, prompts: dict[str, list[int]]) -> list[int]:
+    """Cache the prefix, push it out of the pool with the filler, ask the second question:
+    every prefix token is a hit, none of them from the pool."""
+    llm.generate([prompts["first"]], GREEDY)
+    llm.generate([prompts["filler"]], GREEDY)
+    hits_before = llm.engine.scheduler.stats().prefix_hit_tokens
+    assert not llm.engine.kv.lookup_prefix(prompts["first"][:PREFIX_TOKENS]).block_ids
+    tokens = llm.generate([prompts["second"]], GREEDY)[0].token_ids
+    assert llm.engine.scheduler.stats().prefix_hit_tokens - hits_before == PREFIX_TOKENS
+    return tokens
+
+
+def test_prefix_back_from_host_memory_changes_no_token(
+    loaded: LoadedModel, prompts: dict[str, list[int]], reference: list[int]
+) -> None:
+    llm = LLM(loaded=loaded, host_tier_bytes=HOST_BYTES, **POOL)
+    assert _evict_then_ask(llm, prompts) == reference
+    stats = llm.engine.tier_stats()
+    assert stats.host_hit_tokens == PREFIX_TOKENS, stats
+    assert stats.disk_hit_tokens == 0 and stats.host_stored_blocks > 0
+
+
+def test_prefix_back_from_disk_and_after_a_restart_changes_no_token(
+    loaded: LoadedModel, prompts: dict[str, list[int]], reference: list[int], tmp_path: Path
+) -> None:
+    tiers = {"host_tier_bytes": 0, "disk_tier_path": str(tmp_path), "disk_tier_bytes": 10**9}
+    llm = LLM(loaded=loaded, **tiers, **POOL)
+    assert _evict_then_ask(llm, prompts) == reference
+    stats = llm.engine.tier_stats()
+    assert stats.disk_hit_tokens == PREFIX_TOKENS and stats.host_hit_tokens == 0, stats
+    assert stats.disk_stored_blocks > 0 and stats.disk_bytes_in > 0
+
+    restarted = LLM(loaded=loaded, **tiers, **POOL)
+    tokens = restarted.generate([prompts["second"]], GREEDY)[0].token_ids
+    assert tokens == reference
+    assert restarted.engine.tier_stats().disk_hit_tokens == PREFIX_TOKENS

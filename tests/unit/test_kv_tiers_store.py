@@ -1,0 +1,143 @@
+"""The tiers under the pool, tensor side: eviction into host memory then disk (LRU, bounded),
+loads back into the pool, checksummed files (corrupt or truncated: dropped, logged, deleted),
+a full disk stopping only the disk tier, and a restart indexing the files it finds."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from pdserve.engine.tiers import disk as disk_module
+from pdserve.engine.tiers.disk import SUFFIX, DiskTier
+from pdserve.engine.tiers.disk_format import BlockShape
+from pdserve.engine.tiers.host import HostTier
+from pdserve.engine.tiers.store import TierStore
+from pdserve.kv_codec import dequantize_blocks, quantize_blocks
+
+# pool: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
+POOL_SHAPE = (6, 2, 2, 4, 1, 8)
+SHAPE = BlockShape(num_layers=2, block_size=4, num_kv_heads=1, head_dim=8)
+BLOCK_INT8_BYTES = quantize_blocks(torch.zeros(1, *POOL_SHAPE[1:])).values.numel() + 2 * (
+    2 * 1 * 8 + 2 * 4 * 1
+)
+
+
+def _pool() -> torch.Tensor:
+    return torch.randn(POOL_SHAPE, generator=torch.Generator().manual_seed(0))
+
+
+def _store(tmp_path: Path, host_blocks: int, disk_blocks: int) -> TierStore:
+    file_bytes = _file_bytes()
+    disk = DiskTier(tmp_path, disk_blocks * file_bytes, "model-a", SHAPE)
+    return TierStore(HostTier(host_blocks * BLOCK_INT8_BYTES), disk, block_size=4)
+
+
+def _file_bytes() -> int:
+    return SHAPE.payload_bytes() + 44 + len("model-a")
+
+
+def _expected(pool: torch.Tensor, block_id: int) -> torch.Tensor:
+    return dequantize_blocks(quantize_blocks(pool[block_id : block_id + 1]), pool.dtype)[0]
+
+
+def test_evicted_blocks_go_to_host_then_disk_in_lru_order(tmp_path: Path) -> None:
+    pool = _pool()
+    store = _store(tmp_path, host_blocks=2, disk_blocks=2)
+    store.sync(pool, [(0, 100), (1, 101), (2, 102)], [])
+    assert [store.holds(h) for h in (100, 101, 102)] == [True, True, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{100:016x}{SUFFIX}"]
+    store.sync(pool, [(3, 103), (4, 104)], [])  # host: 103, 104; disk: 100, 101, 102 -> 101, 102
+    assert not store.holds(100), "the disk's oldest file went"
+    stats = store.stats()
+    assert (stats.host_stored_blocks, stats.disk_stored_blocks) == (5, 3)
+    assert stats.host_used_bytes == 2 * BLOCK_INT8_BYTES
+    assert stats.disk_used_bytes == 2 * _file_bytes() == stats.disk_bytes_in - _file_bytes()
+
+
+def test_a_hit_in_either_tier_loads_the_dequantized_block(tmp_path: Path) -> None:
+    pool = _pool()
+    original = pool.clone()
+    store = _store(tmp_path, host_blocks=1, disk_blocks=4)
+    store.sync(pool, [(0, 100), (1, 101)], [])  # 100 on disk, 101 in host memory
+    assert store.holds(100) and store.holds(101)
+    store.sync(pool, [], [(4, 100), (5, 101)])
+    assert torch.equal(pool[4], _expected(original, 0))
+    assert torch.equal(pool[5], _expected(original, 1))
+    assert torch.allclose(pool[4], original[0], atol=0.05)
+    stats = store.stats()
+    assert (stats.host_hit_tokens, stats.disk_hit_tokens) == (4, 4)
+    assert stats.host_bytes_out == BLOCK_INT8_BYTES and stats.disk_bytes_out == _file_bytes()
+
+
+def test_evicted_blocks_are_read_before_loads_overwrite_them(tmp_path: Path) -> None:
+    pool = _pool()
+    original = pool.clone()
+    store = _store(tmp_path, host_blocks=4, disk_blocks=4)
+    store.sync(pool, [(0, 100)], [])
+    # Block 1 is evicted (hash 101) and receives the hit on 100 in the same step.
+    store.sync(pool, [(1, 101)], [(1, 100)])
+    assert torch.equal(pool[1], _expected(original, 0))
+    store.sync(pool, [], [(2, 101)])
+    assert torch.equal(pool[2], _expected(original, 1))
+
+
+def test_a_corrupt_file_is_logged_deleted_and_missed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _store(tmp_path, host_blocks=0, disk_blocks=4)
+    store.sync(_pool(), [(0, 100), (1, 101)], [])
+    path = tmp_path / f"{100:016x}{SUFFIX}"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        assert not store.holds(100)
+    assert "crc32" in caplog.text and path.name in caplog.text
+    assert not path.exists() and store.holds(101)
+
+
+def test_a_restart_indexes_good_files_and_drops_truncated_ones(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = _pool()
+    original = pool.clone()
+    _store(tmp_path, host_blocks=0, disk_blocks=4).sync(pool, [(0, 100), (1, 101), (2, 102)], [])
+    cut = tmp_path / f"{101:016x}{SUFFIX}"
+    cut.write_bytes(cut.read_bytes()[:-10])
+    (tmp_path / "leftover.tmp").write_bytes(b"half a write")
+    with caplog.at_level(logging.WARNING):
+        restarted = _store(tmp_path, host_blocks=0, disk_blocks=4)
+    assert "bytes, header says" in caplog.text
+    assert not cut.exists() and not (tmp_path / "leftover.tmp").exists()
+    assert [restarted.holds(h) for h in (100, 101, 102)] == [True, False, True]
+    restarted.sync(pool, [], [(5, 102)])
+    assert torch.equal(pool[5], _expected(original, 2))
+
+
+def test_another_models_files_are_not_served(tmp_path: Path) -> None:
+    _store(tmp_path, host_blocks=0, disk_blocks=4).sync(_pool(), [(0, 100)], [])
+    other = DiskTier(tmp_path, 10**6, "model-b", SHAPE)
+    assert 100 not in other
+
+
+def test_a_full_disk_stops_only_the_disk_tier(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(disk_module, "write_file", full_disk)
+    pool = _pool()
+    store = _store(tmp_path, host_blocks=1, disk_blocks=4)
+    with caplog.at_level(logging.WARNING):
+        store.sync(pool, [(0, 100), (1, 101), (2, 102), (3, 103)], [])
+    assert len(caplog.records) == 1 and "stops writing" in caplog.text
+    stats = store.stats()
+    assert stats.disk_stopped and stats.disk_stored_blocks == 0 and stats.disk_used_bytes == 0
+    assert store.holds(103) and not store.holds(100), "host memory still serves"
+    store.sync(pool, [], [(4, 103)])
+    assert store.stats().host_hit_tokens == 4
