@@ -18,6 +18,11 @@ from functools import partial
 from typing import Any
 
 from pdserve.cluster.settings import Settings
+from pdserve.engine.kv_cache.tier_options import (
+    add_kv_tier_arguments,
+    kv_tier_flags,
+    kv_tier_settings,
+)
 from pdserve.engine.speculative.options import add_speculative_arguments, speculative_flags
 
 log = logging.getLogger("pdserve.serve")
@@ -60,6 +65,7 @@ def add_parsers(sub: Any) -> None:
     add("--grace-s", type=float, default=30.0, help="how long a drain may take on SIGTERM")
     add("--torch-threads", type=int, default=settings.torch_threads)
     _add_redis_arguments(w, settings)
+    add_kv_tier_arguments(w)
     add_speculative_arguments(w)
     w.set_defaults(run=run_worker, passthrough=True)
 
@@ -81,6 +87,7 @@ def run_worker(args: argparse.Namespace) -> int:
     from pdserve.worker.server import role_speculation
 
     speculation = speculative_flags(role_speculation(args.role, args))
+    tiers = kv_tier_flags(kv_tier_settings(args))
     redis_url = _configure(args)
     settings = Settings.from_env()
     spec = WorkerSpec(
@@ -91,7 +98,7 @@ def run_worker(args: argparse.Namespace) -> int:
         model=args.model,
         dtype=args.dtype,
         kv_backend=args.kv_backend,
-        extra_args=(*speculation, *args.extra),
+        extra_args=(*speculation, *tiers, *args.extra),
         torch_threads=args.torch_threads,
         grace_s=args.grace_s,
     )

@@ -10,6 +10,7 @@ from typing import Any
 from pdserve.cluster.cli_autoscale import add_autoscale_arguments, autoscale_settings
 from pdserve.cluster.cpu_affinity import parse_cpu_affinity
 from pdserve.cluster.settings import Settings
+from pdserve.engine.kv_cache.tier_options import add_kv_tier_arguments, kv_tier_settings
 from pdserve.engine.speculative.options import (
     add_speculative_arguments,
     speculative_config,
@@ -68,6 +69,7 @@ def add_parser(sub: Any) -> None:
         help="size the prefill and decode pools to the load (the planner; profile from "
         f"--profile, else {DEFAULT_PROFILE_FILE})")  # fmt: skip
     add_autoscale_arguments(p, "--planner-metrics-port")
+    add_kv_tier_arguments(p, per_worker_dirs=True)
     add_speculative_arguments(p)
     p.set_defaults(run=run_up_command)
     _add_scale_parser(sub)
@@ -126,6 +128,7 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         agent=agent,
         log_level=args.worker_log_level.upper(),
         role_args={"decode": tuple(speculation), "colocated": tuple(speculation)},
+        kv_tiers=kv_tier_settings(args),
         cpu_affinity=(
             settings.cpu_affinity
             if args.cpu_affinity is None

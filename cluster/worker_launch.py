@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pdserve.cluster.cpu_affinity import CpuAffinity
 from pdserve.cluster.worker_agent import AgentConfig, start_worker_agent
+from pdserve.engine.kv_cache.tier_options import kv_tier_flags
 from pdserve.worker.host import Register, WorkerSpec
 
 
@@ -22,10 +24,14 @@ class WorkerLaunch:
     cpu_affinity: CpuAffinity = ()  # per pool (cluster/cpu_affinity.py); () = not pinned
     # more worker server flags for the workers of one role (speculation: not on prefill)
     role_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # the KV tier flags' CacheConfig fields, for every role (each keeps a prefix cache)
+    kv_tiers: Mapping[str, Any] = field(default_factory=dict)
 
     def for_worker(self, role: str, worker_id: str) -> WorkerLaunch:
-        """This launch as one worker's: its role and id, and its role's own flags."""
-        extra_args = (*self.worker.extra_args, *self.role_args.get(role, ()))
+        """This launch as one worker's: its role and id, its role's own flags, and its own
+        disk tier directory (a subdirectory named by its id)."""
+        tiers = kv_tier_flags(self.kv_tiers, worker_id)
+        extra_args = (*self.worker.extra_args, *self.role_args.get(role, ()), *tiers)
         worker = replace(self.worker, role=role, worker_id=worker_id, extra_args=extra_args)
         return replace(self, worker=worker)
 

@@ -12,6 +12,7 @@ from pdserve.proto import common_pb2, worker_pb2
 
 if TYPE_CHECKING:
     from pdserve.engine.async_engine import EngineStats
+    from pdserve.engine.kv_cache.tiers import TierStats
     from pdserve.kv_transfer import TransferStats
 
 
@@ -109,6 +110,9 @@ def stats_to_proto(
         spec_accepted_tokens=engine.speculation.accepted_tokens,
         spec_branch_accepted_tokens=engine.speculation.branch_accepted_tokens,
         spec_acceptance_length_counts=engine.speculation.acceptance_length_counts,
+        host_tier=_tier_to_proto(engine.tiers, "host"),
+        disk_tier=_tier_to_proto(engine.tiers, "disk"),
+        disk_tier_stopped=engine.tiers.disk_stopped,
     )
     if transfer is not None:
         msg.transfer_bytes = transfer.bytes_sent + transfer.bytes_received
@@ -116,3 +120,14 @@ def stats_to_proto(
         msg.transfers_failed = transfer.transfers_failed
         msg.transfers_in_flight = transfer.transfers_in_flight
     return msg
+
+
+def _tier_to_proto(tiers: TierStats, tier: str) -> worker_pb2.KVTierStats:
+    """One tier's counters out of ``TierStats`` (its fields are named ``{tier}_...``)."""
+    return worker_pb2.KVTierStats(
+        hit_tokens=getattr(tiers, f"{tier}_hit_tokens"),
+        stored_blocks=getattr(tiers, f"{tier}_stored_blocks"),
+        bytes_in=getattr(tiers, f"{tier}_bytes_in"),
+        bytes_out=getattr(tiers, f"{tier}_bytes_out"),
+        used_bytes=getattr(tiers, f"{tier}_used_bytes"),
+    )

@@ -119,12 +119,50 @@ def worker_families(stats: worker_pb2.WorkerStats) -> list[Metric]:
     transfers.add_metric([*labels, "failed"], float(stats.transfers_failed))
     families.append(transfers)
     families.append(_acceptance_length_histogram(stats, labels))
+    families.extend(_tier_families(stats, labels))
     families.append(
         GaugeMetricFamily(
             "pdserve_worker_epoch", "The worker's incarnation epoch.", value=float(stats.epoch)
         )
     )
     return families
+
+
+def _tier_families(stats: worker_pb2.WorkerStats, labels: list[str]) -> list[Metric]:
+    """The KV tiers' counters, one sample per tier (``host``, ``disk``); zeros when off.
+    Tier hits are also in ``prefix_hit_tokens``: the pool's own hits are the difference."""
+    tier_labels = ["worker", "role", "tier"]
+    hits = CounterMetricFamily(
+        "pdserve_worker_kv_tier_hit_tokens",
+        "Prompt tokens whose KV was loaded back from a tier instead of computed.",
+        labels=tier_labels,
+    )
+    stored = CounterMetricFamily(
+        "pdserve_worker_kv_tier_stored_blocks",
+        "KV blocks stored in a tier (host: evicted from the pool; disk: from host memory).",
+        labels=tier_labels,
+    )
+    moved = CounterMetricFamily(
+        "pdserve_worker_kv_tier_bytes",
+        "int8 KV bytes into a tier (stored) and out of it (loaded back).",
+        labels=[*tier_labels, "direction"],
+    )
+    used = GaugeMetricFamily(
+        "pdserve_worker_kv_tier_used_bytes", "Bytes a tier holds now.", labels=tier_labels
+    )
+    for tier, counts in (("host", stats.host_tier), ("disk", stats.disk_tier)):
+        hits.add_metric([*labels, tier], float(counts.hit_tokens))
+        stored.add_metric([*labels, tier], float(counts.stored_blocks))
+        moved.add_metric([*labels, tier, "in"], float(counts.bytes_in))
+        moved.add_metric([*labels, tier, "out"], float(counts.bytes_out))
+        used.add_metric([*labels, tier], float(counts.used_bytes))
+    stopped = GaugeMetricFamily(
+        "pdserve_worker_kv_disk_tier_stopped",
+        "1 once a disk tier write failed (e.g. a full disk): no more disk writes.",
+        labels=["worker", "role"],
+    )
+    stopped.add_metric(labels, float(stats.disk_tier_stopped))
+    return [hits, stored, moved, used, stopped]
 
 
 def _acceptance_length_histogram(

@@ -36,6 +36,7 @@ from pdserve.decode_worker.config import DecodeConfig
 from pdserve.decode_worker.service import DecodeService
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.engine.kv_cache.tier_options import add_kv_tier_arguments, kv_tier_settings
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.scheduler import SchedulerConfig
 from pdserve.engine.speculative.config import SpeculativeConfig
@@ -347,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fault-pause-after-blocks", type=int, default=None, help="test hook: sender pause")
     add("--fault-pause-s", type=float, default=0.0, help="test hook: length of that pause")
     add("--log-level", default="INFO")
+    add_kv_tier_arguments(p)
     add_speculative_arguments(p)
     return p
 
@@ -375,6 +377,7 @@ def configs_from_args(
             block_size=args.block_size,
             num_blocks=args.num_blocks,
             enable_prefix_caching=not args.no_prefix_caching,
+            **kv_tier_settings(args),
         ),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs

@@ -118,7 +118,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "role", "waiting", "running", "free_blocks", "cached_blocks", "total_blocks", "prefix_hit_tokens", "prompt_tokens", "generated_tokens", "transfer_bytes", "transfers_ok", "transfers_failed", "recompute_fallbacks", "epoch", "transfers_in_flight", "spec_verify_steps", "spec_proposed_tokens", "spec_accepted_tokens", "spec_branch_accepted_tokens", "spec_acceptance_length_counts")
+    __slots__ = ("worker_id", "role", "waiting", "running", "free_blocks", "cached_blocks", "total_blocks", "prefix_hit_tokens", "prompt_tokens", "generated_tokens", "transfer_bytes", "transfers_ok", "transfers_failed", "recompute_fallbacks", "epoch", "transfers_in_flight", "spec_verify_steps", "spec_proposed_tokens", "spec_accepted_tokens", "spec_branch_accepted_tokens", "spec_acceptance_length_counts", "host_tier", "disk_tier", "disk_tier_stopped")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,9 @@ class WorkerStats(_message.Message):
     SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_BRANCH_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_ACCEPTANCE_LENGTH_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    HOST_TIER_FIELD_NUMBER: _ClassVar[int]
+    DISK_TIER_FIELD_NUMBER: _ClassVar[int]
+    DISK_TIER_STOPPED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     waiting: int
@@ -161,4 +164,21 @@ class WorkerStats(_message.Message):
     spec_accepted_tokens: int
     spec_branch_accepted_tokens: int
     spec_acceptance_length_counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., transfers_ok: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., recompute_fallbacks: _Optional[int] = ..., epoch: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ..., spec_verify_steps: _Optional[int] = ..., spec_proposed_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., spec_branch_accepted_tokens: _Optional[int] = ..., spec_acceptance_length_counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    host_tier: KVTierStats
+    disk_tier: KVTierStats
+    disk_tier_stopped: bool
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., transfers_ok: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., recompute_fallbacks: _Optional[int] = ..., epoch: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ..., spec_verify_steps: _Optional[int] = ..., spec_proposed_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., spec_branch_accepted_tokens: _Optional[int] = ..., spec_acceptance_length_counts: _Optional[_Iterable[int]] = ..., host_tier: _Optional[_Union[KVTierStats, _Mapping]] = ..., disk_tier: _Optional[_Union[KVTierStats, _Mapping]] = ..., disk_tier_stopped: _Optional[bool] = ...) -> None: ...
+
+class KVTierStats(_message.Message):
+    __slots__ = ("hit_tokens", "stored_blocks", "bytes_in", "bytes_out", "used_bytes")
+    HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STORED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_IN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    hit_tokens: int
+    stored_blocks: int
+    bytes_in: int
+    bytes_out: int
+    used_bytes: int
+    def __init__(self, hit_tokens: _Optional[int] = ..., stored_blocks: _Optional[int] = ..., bytes_in: _Optional[int] = ..., bytes_out: _Optional[int] = ..., used_bytes: _Optional[int] = ...) -> None: ...

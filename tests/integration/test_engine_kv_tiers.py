@@ -1,6 +1,6 @@
 """Greedy output is unchanged (fp32) when a prompt's prefix blocks were evicted from a tiny
 pool and come back from the host tier, from the disk tier, and from the disk tier a new
-engine indexes at start; the tier counters show the hits."""
+engine indexes at start; in bf16 from the host tier; the tier counters show the hits."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.model.loader import load_model
+from pdserve.engine.model.packed_gemm import gemm_for
 from pdserve.engine.worker_state import LoadedModel
 
 pytestmark = pytest.mark.slow
@@ -90,3 +93,22 @@ def test_prefix_back_from_disk_and_after_a_restart_changes_no_token(
     tokens = restarted.generate([prompts["second"]], GREEDY)[0].token_ids
     assert tokens == reference
     assert restarted.engine.tier_stats().disk_hit_tokens == PREFIX_TOKENS
+
+
+def test_bf16_prefix_back_from_host_memory_changes_no_token(
+    default_model_source: Any, smollm2_tokenizer: Any, prompts: dict[str, list[int]]
+) -> None:
+    """The int8 blocks come back into a bf16 pool. The reference is the same engine without
+    tiers on the second prompt alone (after the filler it would recompute it all the same),
+    computing the whole prompt where the tiered one computes only its tail: the same tokens
+    need linears whose rows do not depend on the batch (as in test_engine_greedy's bf16
+    test)."""
+    if gemm_for(torch.bfloat16) is None:
+        pytest.skip("no AMX or AVX-512 BF16 here: bf16 linears are oneDNN's, not batch-invariant")
+    weights = load_model(default_model_source, dtype=torch.bfloat16, show_progress=False)
+    loaded = LoadedModel(default_model_source, weights, smollm2_tokenizer, "bfloat16")
+    bf16 = {"loaded": loaded, "dtype": "bfloat16", **POOL}
+    without_tiers = LLM(**bf16).generate([prompts["second"]], GREEDY)[0].token_ids
+    llm = LLM(host_tier_bytes=HOST_BYTES, **bf16)
+    assert _evict_then_ask(llm, prompts) == without_tiers
+    assert llm.engine.tier_stats().host_hit_tokens == PREFIX_TOKENS

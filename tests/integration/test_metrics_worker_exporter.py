@@ -10,7 +10,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdserve.engine.engine_stats import EngineStats, SpeculationCounts
+from pdserve.engine.kv_cache.tiers import TierStats
 from pdserve.proto import worker_pb2
+from pdserve.worker.convert import stats_to_proto
 from pdserve.worker.metrics import start_metrics_server, stats_fn_on_loop
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -96,6 +99,60 @@ def test_a_worker_that_does_not_speculate_has_zero_counters_and_no_histogram() -
     labels = (("role", "prefill"), ("worker", "p0"))
     assert got[("pdserve_worker_spec_accepted_tokens_total", labels)] == 0
     assert not any(n.startswith("pdserve_worker_spec_acceptance_length") for n, _ in got)
+
+
+def test_tier_counters_from_the_engine_are_exported_per_tier() -> None:
+    tiers = TierStats(
+        host_hit_tokens=48, disk_hit_tokens=16, host_stored_blocks=7, disk_stored_blocks=2,
+        host_bytes_in=7000, host_bytes_out=3000, disk_bytes_in=2000, disk_bytes_out=1000,
+        host_used_bytes=4000, disk_used_bytes=2000, disk_stopped=True,
+    )  # fmt: skip
+    engine = EngineStats(
+        waiting=0, running=0, held=0, pending_admissions=0, free_blocks=8, cached_blocks=2,
+        total_blocks=8, prefix_hit_tokens=80, prefix_queried_tokens=200, prompt_tokens=200,
+        generated_tokens=0, speculation=SpeculationCounts(), tiers=tiers,
+    )  # fmt: skip
+    msg = stats_to_proto(engine, None, worker_id="c0", role="colocated", epoch=1)
+    server = start_metrics_server(0, lambda: msg)
+    try:
+        got = scrape(server.url)
+    finally:
+        server.stop()
+    labels = (("role", "colocated"), ("worker", "c0"))
+
+    def at(name: str, **extra: str) -> float:
+        return got[(f"pdserve_worker_{name}", tuple(sorted((*labels, *extra.items()))))]
+
+    assert (
+        at("kv_tier_hit_tokens_total", tier="host"),
+        at("kv_tier_hit_tokens_total", tier="disk"),
+    ) == (48, 16)
+    assert at("prefix_hit_tokens_total") == 80  # tier hits included: the pool's own are 16
+    assert at("kv_tier_stored_blocks_total", tier="host") == 7
+    assert at("kv_tier_stored_blocks_total", tier="disk") == 2
+    moved = {
+        (tier, direction): at("kv_tier_bytes_total", tier=tier, direction=direction)
+        for tier in ("host", "disk")
+        for direction in ("in", "out")
+    }
+    assert moved == {("host", "in"): 7000, ("host", "out"): 3000, ("disk", "in"): 2000,
+                     ("disk", "out"): 1000}  # fmt: skip
+    assert (at("kv_tier_used_bytes", tier="host"), at("kv_tier_used_bytes", tier="disk")) == (
+        4000,
+        2000,
+    )
+    assert at("kv_disk_tier_stopped") == 1
+
+
+def test_a_worker_without_tiers_exports_zeros() -> None:
+    server = start_metrics_server(0, lambda: stats("p0"))
+    try:
+        got = scrape(server.url)
+    finally:
+        server.stop()
+    labels = (("role", "prefill"), ("tier", "disk"), ("worker", "p0"))
+    assert got[("pdserve_worker_kv_tier_hit_tokens_total", labels)] == 0
+    assert got[("pdserve_worker_kv_disk_tier_stopped", labels[::2])] == 0
 
 
 def test_a_failing_stats_function_reports_down_without_failing_the_scrape() -> None:

@@ -9,12 +9,15 @@ from pdserve.bench.cli import build_parser as bench_parser
 from pdserve.cluster.cli import build_parser, main
 from pdserve.cluster.cli_up import build_up_config
 from pdserve.cluster.settings import Settings
+from pdserve.engine.config import CacheConfig
+from pdserve.engine.kv_cache.tier_options import parse_size_bytes
 from pdserve.engine.speculative.config import SpeculativeConfig
 from pdserve.engine.speculative.options import (
     add_speculative_arguments,
     speculative_config,
     speculative_flags,
 )
+from pdserve.worker.host import WorkerSpec
 from pdserve.worker.server import build_parser as worker_parser
 from pdserve.worker.server import configs_from_args
 from pdserve.worker.server import main as worker_main
@@ -124,4 +127,95 @@ def test_help_shows_the_speculative_flags(command: str, capsys: pytest.CaptureFi
     assert done.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--speculative {off,ngram,draft}", "--draft-model NAME", "--ngram-branches N"):
+        assert flag in out, (command, flag)
+
+
+def test_tier_sizes_take_binary_units_or_plain_bytes() -> None:
+    assert parse_size_bytes("4096") == 4096
+    assert parse_size_bytes("512MiB") == 512 * 1024**2
+    assert parse_size_bytes("1.5gib") == 3 * 1024**3 // 2
+    for bad in ("2GB", "-1", "lots", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a size"):
+            parse_size_bytes(bad)
+
+
+def test_worker_server_tier_flags_reach_the_cache_config() -> None:
+    argv = ["--role", "decode", "--kv-host-tier-bytes", "2GiB", "--kv-disk-tier-path", "/kv",
+            "--kv-disk-tier-bytes", "512MiB"]  # fmt: skip
+    _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
+    assert (engine.cache.host_tier_bytes, engine.cache.disk_tier_path) == (2 * 1024**3, "/kv")
+    assert engine.cache.disk_tier_bytes == 512 * 1024**2
+    _server, plain, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv[:2]))
+    assert plain.cache == CacheConfig()
+
+
+def test_up_gives_every_worker_the_tiers_and_its_own_disk_directory() -> None:
+    args = _up_args("--kv-host-tier-bytes", "1MiB", "--kv-disk-tier-path", "/kv")
+    launch = build_up_config(args, Settings.from_env()).worker
+    dirs = []
+    for role, worker_id in [
+        ("prefill", "prefill-0"),
+        ("decode", "decode-0"),
+        ("decode", "decode-1"),
+    ]:
+        argv = launch.for_worker(role, worker_id).worker.server_args()
+        _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
+        assert engine.cache.host_tier_bytes == 1024**2, role
+        dirs.append(engine.cache.disk_tier_path)
+    assert dirs == ["/kv/prefill-0", "/kv/decode-0", "/kv/decode-1"]
+    plain = build_up_config(_up_args(), Settings.from_env()).worker
+    plain_argv = plain.for_worker("decode", "decode-0").worker.server_args()
+    assert not any(arg.startswith(("--kv-host", "--kv-disk")) for arg in plain_argv), plain_argv
+
+
+def test_pdserve_worker_passes_the_tier_flags_to_its_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    launched: list[WorkerSpec] = []
+
+    class Stop(Exception):
+        pass
+
+    def host(spec: WorkerSpec, _register: object) -> None:
+        launched.append(spec)
+        raise Stop
+
+    monkeypatch.setattr("pdserve.worker.host.WorkerHost", host)
+    argv = ["worker", "--role", "prefill", "--redis-url", "redis://x", "--kv-host-tier-bytes",
+            "64MiB", "--kv-disk-tier-path", "/kv/p0"]  # fmt: skip
+    with pytest.raises(Stop):
+        main(argv)
+    server_argv = launched[0].server_args()
+    _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(server_argv))
+    assert (engine.cache.host_tier_bytes, engine.cache.disk_tier_path) == (64 * 1024**2, "/kv/p0")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["up", "--kv-host-tier-bytes", "2GB"], "'2GB' is not a size"),
+        (["generate", "--prompt", "x", "--kv-disk-tier-bytes", "lots"], "'lots' is not a size"),
+        (["worker", "--role", "decode", "--kv-host-tier-bytes", "-5"], "'-5' is not a size"),
+        (["up", "--kv-disk-tier-bytes", "1GiB"], "give --kv-disk-tier-path"),
+        (["generate", "--prompt", "x", "--kv-disk-tier-bytes", "1GiB"], "--kv-disk-tier-path"),
+    ],
+)
+def test_bad_tier_flags_exit_2_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as done:  # argparse's own errors (a bad size) exit from parsing
+        code = int(str(done.code))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"pdserve {argv[0]}: error:" in err and message in err, err
+
+
+@pytest.mark.parametrize("command", ["up", "generate", "worker"])
+def test_help_shows_the_tier_flags(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--kv-host-tier-bytes SIZE", "--kv-disk-tier-path DIR", "--kv-disk-tier-bytes"):
         assert flag in out, (command, flag)
