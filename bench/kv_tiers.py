@@ -19,15 +19,15 @@ checksummed files in a temporary directory). Each engine is built and warmed onc
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from pdserve.bench.engine_args import engine_bench_parser, write_rows
 from pdserve.bench.workload import Tokenize, load_paragraphs
 from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.worker_state import LoadedModel, load
@@ -164,23 +164,13 @@ def print_table(rows: Sequence[Row]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pdserve.bench.kv_tiers",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser = engine_bench_parser("kv_tiers", __doc__, "3 conversations x 2")
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--json", default=None, help="also write the rows here")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 3 conversations x 2")
     args = parser.parse_args(argv)
     rows = run_bench(args)
     print_table(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
+    write_rows(rows, args.json)
     return 0
 
 

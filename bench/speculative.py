@@ -30,15 +30,15 @@ sets the defaults of ``max_verify_tokens`` and ``min_acceptance``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
+from pdserve.bench.engine_args import engine_bench_parser, write_rows
 from pdserve.bench.workload import load_paragraphs
 from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
@@ -311,23 +311,13 @@ def print_table(rows: Sequence[Row]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pdserve.bench.speculative",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser = engine_bench_parser("speculative", __doc__, "tiny, one round")
     parser.add_argument("--rounds", type=int, default=3, help="rotating rounds (median)")
     parser.add_argument("--max-tokens", type=int, default=160, help="output cap per request")
-    parser.add_argument("--json", default=None, help="also write the rows here")
-    parser.add_argument("--quick", action="store_true", help="smoke run: tiny, one round")
     args = parser.parse_args(argv)
     rows = run_bench(args)
     print_table(rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=2)
+    write_rows(rows, args.json)
     return 0
 
 
