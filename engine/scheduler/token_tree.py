@@ -87,23 +87,9 @@ class TokenTree:
             (i for i, parent in enumerate(self.parents) if parent != i - 1), len(self.parents)
         )
 
-    def depths(self) -> list[int]:
-        """Depth of each node below the root (children of the root have depth 1)."""
-        depths: list[int] = []
-        for parent in self.parents:
-            depths.append(1 if parent < 0 else depths[parent] + 1)
-        return depths
-
     def children(self) -> list[dict[int, int]]:
         """Per chunk row (0 = root, ``i + 1`` = node ``i``): token -> the child's row."""
         rows: list[dict[int, int]] = [{} for _ in range(len(self.tokens) + 1)]
         for i, (token, parent) in enumerate(zip(self.tokens, self.parents, strict=True)):
             rows[parent + 1].setdefault(token, i + 1)
-        return rows
-
-    def ancestor_rows(self) -> list[list[int]]:
-        """Per chunk row, the chunk rows it attends to: the root, its ancestors and itself."""
-        rows: list[list[int]] = [[0]]
-        for i, parent in enumerate(self.parents):
-            rows.append([*rows[parent + 1], i + 1])
         return rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pdserve.engine.attention.base import row_depths, tree_ancestors
 from pdserve.engine.scheduler.token_tree import TokenTree
 
 
@@ -14,10 +15,11 @@ def test_branches_merge_their_shared_heads_and_the_first_stays_the_first_chain()
     #  └── 9
     assert tree.tokens == (5, 6, 7, 8, 9)
     assert tree.parents == (-1, 0, 1, 0, -1)
-    assert tree.depths() == [1, 2, 3, 2, 1]
+    rows = (-1, *(p + 1 for p in tree.parents))  # the verify chunk's row parents
+    assert row_depths(rows) == [0, 1, 2, 3, 2, 1]
     # rows: 0 = root, node i = row i + 1
     assert tree.children() == [{5: 1, 9: 5}, {6: 2, 8: 4}, {7: 3}, {}, {}, {}]
-    assert tree.ancestor_rows()[4] == [0, 1, 4]
+    assert tree_ancestors(rows)[4] == 0b10011  # rows 0, 1 and 4
 
 
 def test_max_nodes_cuts_later_branches_and_keeps_earlier_heads() -> None:
