@@ -45,10 +45,9 @@ class PrefillService:
         # only guards against a backend that breaks that promise.
         self._wait_s = transfer_timeout_s + 5.0
         self._active: set[str] = set()  # first token out, KV not released yet
-        # Transfers after a first token went out: they run to the end even when the
-        # Prefill caller goes away, since the decode worker may be waiting for the KV.
-        self._transfers: dict[str, asyncio.Task[worker_pb2.TransferReport]] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        # Hand-offs (send, then release the KV) after a first token went out: they run to
+        # the end even when the Prefill caller goes away, since the decode worker waits.
+        self._handoffs: set[asyncio.Task[worker_pb2.TransferReport]] = set()
 
     async def prefill(
         self, request: worker_pb2.PrefillRequest
@@ -64,27 +63,17 @@ class PrefillService:
             raise RequestCancelled(f"prefill {request_id!r} was cancelled before its first token")
         first_s = time.monotonic()
         ttft_s = first_s - started_s
+        # The hand-off starts before the first token goes out: a caller may leave as soon as
+        # it has that token, before this generator ever runs again, and the decode worker
+        # still waits for the KV. The task, not this stream, releases the KV.
         self._active.add(request_id)
-        released = False
-        try:
-            chunk = step_to_chunk(first)
-            chunk.phase_times.prefill_s = ttft_s
-            yield worker_pb2.PrefillEvent(first_token=chunk)
-            if first.finished:  # nothing left to decode: the KV is not needed elsewhere
-                report = worker_pb2.TransferReport(ok=True)
-            else:
-                transfer = asyncio.ensure_future(self._send(request_id, dest, first_s))
-                self._transfers[request_id] = transfer
-                report = await asyncio.shield(transfer)  # not stopped by the caller leaving
-                del self._transfers[request_id]
-            await self.engine.release(request_id)
-            released = True
-            self._log(request_id, len(prompt), ttft_s, report)
-            yield worker_pb2.PrefillEvent(transfer=report)
-        finally:
-            self._active.discard(request_id)
-            if not released:
-                self._spawn(self._release_when_done(request_id))
+        handoff = self._spawn(self._hand_off(request_id, dest, first.finished, first_s))
+        handoff.add_done_callback(lambda task: _log_handoff(request_id, len(prompt), ttft_s, task))
+        chunk = step_to_chunk(first)
+        chunk.phase_times.prefill_s = ttft_s
+        yield worker_pb2.PrefillEvent(first_token=chunk)
+        report = await asyncio.shield(handoff)  # not stopped by the caller leaving
+        yield worker_pb2.PrefillEvent(transfer=report)
 
     async def cancel(self, request_id: str) -> bool:
         """Cancel: a prefill mid-transfer finishes the transfer first (its stream's
@@ -105,8 +94,8 @@ class PrefillService:
 
     async def close(self) -> None:
         """Let transfers in flight end and their KV be released, then close the sender."""
-        if self._background:
-            await asyncio.wait(list(self._background), timeout=self._wait_s)
+        if self._handoffs:
+            await asyncio.wait(list(self._handoffs), timeout=self._wait_s)
         self.sender.close()
 
     def _destination(self, request: worker_pb2.PrefillRequest) -> KVDestination:
@@ -143,38 +132,53 @@ class PrefillService:
         report.since_first_token_s = (handle.ended_at_s or time.monotonic()) - first_s
         return report
 
-    async def _release_when_done(self, request_id: str) -> None:
-        """The caller went away: free the held KV once its transfer has ended (the lookup
-        of its blocks, the send, the wait for the sender: ``_send`` ends within
-        ``_wait_s`` of the send)."""
-        transfer = self._transfers.pop(request_id, None)
-        if transfer is not None:
-            await asyncio.wait([transfer])
-        freed = await self.engine.abort(request_id)
-        log.info("prefill %s: caller gone; KV released (held: %s)", request_id, freed)
+    async def _hand_off(
+        self, request_id: str, dest: KVDestination, finished: bool, first_s: float
+    ) -> worker_pb2.TransferReport:
+        """Send the KV (unless the first token ended the request), then release it: only
+        once the sender has stopped reading the blocks, whether or not the caller stayed."""
+        try:
+            if finished:  # nothing left to decode: the KV is not needed elsewhere
+                return worker_pb2.TransferReport(ok=True)
+            return await self._send(request_id, dest, first_s)
+        finally:
+            try:
+                await self.engine.release(request_id)
+            finally:
+                self._active.discard(request_id)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(
+        self, coro: Coroutine[Any, Any, worker_pb2.TransferReport]
+    ) -> asyncio.Task[worker_pb2.TransferReport]:
         task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._handoffs.add(task)
+        task.add_done_callback(self._handoffs.discard)
+        return task
 
-    @staticmethod
-    def _log(
-        request_id: str, prompt_tokens: int, ttft_s: float, report: worker_pb2.TransferReport
-    ) -> None:
-        log.info(
-            "prefill %s: %d prompt tokens, first token after %.3fs; KV %s: %d blocks sent, "
-            "%d skipped, %d bytes in %.3fs%s",
-            request_id,
-            prompt_tokens,
-            ttft_s,
-            "ok" if report.ok else "FAILED",
-            report.blocks_sent,
-            report.blocks_skipped,
-            report.bytes,
-            report.seconds,
-            f" ({report.error})" if report.error else "",
-        )
+
+def _log_handoff(
+    request_id: str,
+    prompt_tokens: int,
+    ttft_s: float,
+    handoff: asyncio.Task[worker_pb2.TransferReport],
+) -> None:
+    if handoff.cancelled() or handoff.exception() is not None:
+        log.error("prefill %s: KV hand-off failed", request_id, exc_info=handoff.exception())
+        return
+    report = handoff.result()
+    log.info(
+        "prefill %s: %d prompt tokens, first token after %.3fs; KV %s: %d blocks sent, "
+        "%d skipped, %d bytes in %.3fs%s",
+        request_id,
+        prompt_tokens,
+        ttft_s,
+        "ok" if report.ok else "FAILED",
+        report.blocks_sent,
+        report.blocks_skipped,
+        report.bytes,
+        report.seconds,
+        f" ({report.error})" if report.error else "",
+    )
 
 
 def _failed_report(plan: TransferPlan, error: str) -> worker_pb2.TransferReport:
