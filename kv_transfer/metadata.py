@@ -43,17 +43,29 @@ def encode_peer(info: PeerInfo) -> bytes:
 
 
 def decode_peer(data: bytes, backend: str) -> PeerInfo:
-    """Parse metadata; ValueError if it is not ours or belongs to another backend."""
+    """Parse metadata; ValueError if it is not ours, is malformed, or belongs to another
+    backend. It arrives from another process (in a gRPC request), so nothing in it is
+    trusted: every field is type-checked here."""
     if len(data) < _PREFIX.size or data[:4] != _MAGIC:
         raise ValueError(
             f"peer metadata is not pdserve KV connection metadata (starts {data[:8]!r})"
         )
     _, json_len = _PREFIX.unpack_from(data)
     end = _PREFIX.size + json_len
-    doc = json.loads(data[_PREFIX.size : end])
-    if doc["backend"] != backend:
+    if end > len(data):
         raise ValueError(
-            f"peer metadata is for the {doc['backend']!r} backend, this sender is {backend!r}"
+            f"peer metadata is cut short: its JSON part is {json_len} bytes, "
+            f"{len(data) - _PREFIX.size} follow"
+        )
+    try:
+        doc = json.loads(data[_PREFIX.size : end])
+    except ValueError as exc:  # also invalid UTF-8
+        raise ValueError(f"peer metadata JSON is malformed: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValueError(f"peer metadata JSON must be an object, got {type(doc).__name__}")
+    if doc.get("backend") != backend:
+        raise ValueError(
+            f"peer metadata is for the {doc.get('backend')!r} backend, this sender is {backend!r}"
         )
     peer_version = doc.get("wire_version", 1)  # builds before version 2 did not say
     if peer_version != WIRE_VERSION:
@@ -61,8 +73,27 @@ def decode_peer(data: bytes, backend: str) -> PeerInfo:
             f"peer receiver speaks KV wire version {peer_version}, this sender speaks "
             f"{WIRE_VERSION}; run the same pdserve build on prefill and decode workers"
         )
-    layout = KVPoolLayout.from_json(doc["layout"])
-    return PeerInfo(doc["backend"], layout, bool(doc["int8"]), doc["fields"], data[end:])
+    layout, int8, fields = doc.get("layout"), doc.get("int8"), doc.get("fields")
+    if not isinstance(int8, bool) or not isinstance(fields, dict):
+        raise ValueError(
+            f"peer metadata needs int8 (a bool) and fields (an object), got {int8!r}, "
+            f"{type(fields).__name__}"
+        )
+    return PeerInfo(backend, _layout_from_json(layout), int8, fields, data[end:])
+
+
+def _layout_from_json(doc: object) -> KVPoolLayout:
+    sizes = ("num_blocks", "num_layers", "block_size", "num_kv_heads", "head_dim")
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("dtype"), str)
+        or not all(type(doc.get(name)) is int and 0 < doc[name] < 2**32 for name in sizes)
+    ):
+        raise ValueError(
+            f"peer metadata layout must hold a dtype name and positive u32 {sizes}, got "
+            f"{doc!r:.200}"
+        )
+    return KVPoolLayout.from_json(doc)
 
 
 def check_peer(

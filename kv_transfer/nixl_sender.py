@@ -62,17 +62,45 @@ class NixlSender(SenderBase):
                 self._peers[name] = known
             return known
 
+    def _check_fields(self, peer: PeerInfo) -> None:
+        fields = peer.fields
+        addresses = ("pool_addr", "staging_addr") if peer.int8 else ("pool_addr",)
+        if not isinstance(fields.get("agent"), str) or not all(
+            type(fields.get(a)) is int for a in addresses
+        ):
+            raise ValueError(
+                f"peer metadata needs a NIXL agent name and buffer addresses {addresses}, got "
+                f"{fields!r:.200}"
+            )
+
     def _add_peer(self, name: str, peer: PeerInfo) -> _Peer:
-        remote = self._agent.add_remote(peer.blob)
-        assert remote == name, f"NIXL metadata names agent {remote!r}, fields say {name!r}"
+        """Load the peer's agent metadata and prepare its blocks; ValueError when NIXL
+        refuses them (not a NIXL agent's metadata, or buffers the peer never registered:
+        NIXL checks every remote block against the peer's registered memory)."""
+        try:
+            remote = self._agent.add_remote(peer.blob)
+        except Exception as exc:  # nixl raises its own binding error types
+            raise ValueError(f"peer agent metadata refused by NIXL: {exc!r}") from exc
+        try:
+            if remote != name:
+                raise ValueError(f"peer NIXL metadata names agent {remote!r}, fields say {name!r}")
+            return self._prep_peer(name, peer)
+        except Exception as exc:
+            if remote not in self._peers:  # a known peer's connection stays in use
+                self._agent.remove_remote(remote)
+            if isinstance(exc, ValueError):
+                raise
+            raise ValueError(f"peer buffers refused by NIXL: {exc!r}") from exc
+
+    def _prep_peer(self, name: str, peer: PeerInfo) -> _Peer:
         layout, fields = peer.layout, peer.fields
         pool_descs = self._agent.prep_blocks(
-            name, int(fields["pool_addr"]), layout.num_blocks, layout.block_bytes
+            name, fields["pool_addr"], layout.num_blocks, layout.block_bytes
         )
         staging = None
         if peer.int8:
             staging = self._agent.prep_blocks(
-                name, int(fields["staging_addr"]), layout.num_blocks, quant.record_bytes(layout)
+                name, fields["staging_addr"], layout.num_blocks, quant.record_bytes(layout)
             )
         return _Peer(name, pool_descs, staging)
 

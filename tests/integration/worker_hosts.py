@@ -8,7 +8,6 @@ checksum the pool around a call and run a role's handlers on the worker's own ev
 from __future__ import annotations
 
 import contextlib
-import zlib
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ from pdserve.proto.workers import WorkerInfo
 from pdserve.worker.engine_callbacks import DrainFn, SnapshotFn, StatsFn
 from pdserve.worker.host import HostedWorker, WorkerHost, WorkerSpec
 from pdserve.worker.server import WorkerRoles
+from tests.integration.fuzzing import block_checksums
 
 T = TypeVar("T")
 READY_TIMEOUT_S = 600.0
@@ -73,9 +73,8 @@ class InProcessWorker:
         return self.stub.GetStats(worker_pb2.StatsRequest(), timeout=30)
 
     def block_checksums(self) -> list[int]:
-        """crc32 of each pool block's bytes (call while no request runs here)."""
-        rows = self.pool.view(torch.uint8).reshape(self.pool.shape[0], -1).numpy()
-        return [zlib.crc32(row.data) for row in rows]
+        """crc32 of each pool block (call while no request runs here)."""
+        return block_checksums(self.pool)
 
 
 @contextlib.contextmanager
