@@ -1,14 +1,16 @@
 """Connection metadata: the opaque bytes a receiver hands to its senders.
 
 ``b"PDKM" | u32 json_len | json | blob``: the json names the backend, the receiver's pool
-layout and backend fields (TCP address, NIXL buffer addresses); the blob is backend data
-(the NIXL agent metadata).
+layout, backend fields (TCP address, NIXL buffer addresses) and the blob's crc32; the blob is
+backend data (the NIXL agent metadata). It reaches a sender inside a gRPC request, so
+``decode_peer`` trusts none of it.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,9 @@ def encode_peer(info: PeerInfo) -> bytes:
         # Checked before any byte moves: an int8 record's size depends on the wire version,
         # and a NIXL sender sizes the receiver's staging slots by its own.
         "wire_version": WIRE_VERSION,
+        # A blob cut or changed on its way is refused before NIXL loads it: a blob NIXL
+        # half-loads leaves that agent's connection unloadable for the sender's life.
+        "blob_crc32": zlib.crc32(info.blob),
     }
     text = json.dumps(doc, sort_keys=True).encode()
     return _PREFIX.pack(_MAGIC, len(text)) + text + info.blob
@@ -73,13 +78,20 @@ def decode_peer(data: bytes, backend: str) -> PeerInfo:
             f"peer receiver speaks KV wire version {peer_version}, this sender speaks "
             f"{WIRE_VERSION}; run the same pdserve build on prefill and decode workers"
         )
+    blob = data[end:]
+    crc = doc.get("blob_crc32", zlib.crc32(blob))  # builds that did not send one: unchecked
+    if crc != zlib.crc32(blob):
+        raise ValueError(
+            f"peer metadata is corrupt: its {len(blob)}-byte agent blob does not match the "
+            "crc32 it was sent with (cut or changed on its way)"
+        )
     layout, int8, fields = doc.get("layout"), doc.get("int8"), doc.get("fields")
     if not isinstance(int8, bool) or not isinstance(fields, dict):
         raise ValueError(
             f"peer metadata needs int8 (a bool) and fields (an object), got {int8!r}, "
             f"{type(fields).__name__}"
         )
-    return PeerInfo(backend, _layout_from_json(layout), int8, fields, data[end:])
+    return PeerInfo(backend, _layout_from_json(layout), int8, fields, blob)
 
 
 def _layout_from_json(doc: object) -> KVPoolLayout:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ class _Peer:
     agent_name: str
     pool_descs: Any  # prepared remote descriptor list, one entry per pool block
     staging_descs: Any | None  # the same for the int8 staging slots, when used
+    metadata: bytes  # the receiver's connection metadata these were prepared from
 
 
 class NixlSender(SenderBase):
@@ -53,13 +55,25 @@ class NixlSender(SenderBase):
             self._agent.register(self._staging)
             self._local_staging = self._agent.prep_blocks("", self._staging.data_ptr(), n, rec)
 
+    def check_destination(
+        self, transfer_id: str, peer: bytes, dst_block_ids: Sequence[int]
+    ) -> None:
+        """Also loads the peer's agent metadata (NIXL connects lazily: nothing is sent),
+        so metadata NIXL refuses is refused here too."""
+        info, _ = self._plan(transfer_id, peer, dst_block_ids)
+        self._connect(info, peer)
+
     def _connect(self, peer: PeerInfo, raw: bytes) -> _Peer:
         name = str(peer.fields["agent"])
         with self._connect_lock:
             known = self._peers.get(name)
             if known is None:
-                known = self._add_peer(name, peer)
+                known = self._add_peer(name, peer, raw)
                 self._peers[name] = known
+            elif known.metadata != raw:  # an agent's metadata never changes
+                raise ValueError(
+                    f"peer metadata names NIXL agent {name!r} but differs from that agent's"
+                )
             return known
 
     def _check_fields(self, peer: PeerInfo) -> None:
@@ -73,7 +87,7 @@ class NixlSender(SenderBase):
                 f"{fields!r:.200}"
             )
 
-    def _add_peer(self, name: str, peer: PeerInfo) -> _Peer:
+    def _add_peer(self, name: str, peer: PeerInfo, raw: bytes) -> _Peer:
         """Load the peer's agent metadata and prepare its blocks; ValueError when NIXL
         refuses them (not a NIXL agent's metadata, or buffers the peer never registered:
         NIXL checks every remote block against the peer's registered memory)."""
@@ -84,7 +98,7 @@ class NixlSender(SenderBase):
         try:
             if remote != name:
                 raise ValueError(f"peer NIXL metadata names agent {remote!r}, fields say {name!r}")
-            return self._prep_peer(name, peer)
+            return self._prep_peer(name, peer, raw)
         except Exception as exc:
             if remote not in self._peers:  # a known peer's connection stays in use
                 self._agent.remove_remote(remote)
@@ -92,7 +106,7 @@ class NixlSender(SenderBase):
                 raise
             raise ValueError(f"peer buffers refused by NIXL: {exc!r}") from exc
 
-    def _prep_peer(self, name: str, peer: PeerInfo) -> _Peer:
+    def _prep_peer(self, name: str, peer: PeerInfo, raw: bytes) -> _Peer:
         layout, fields = peer.layout, peer.fields
         pool_descs = self._agent.prep_blocks(
             name, fields["pool_addr"], layout.num_blocks, layout.block_bytes
@@ -102,7 +116,7 @@ class NixlSender(SenderBase):
             staging = self._agent.prep_blocks(
                 name, fields["staging_addr"], layout.num_blocks, quant.record_bytes(layout)
             )
-        return _Peer(name, pool_descs, staging)
+        return _Peer(name, pool_descs, staging, raw)
 
     def _on_failure(self, target: _Peer, error: Exception) -> None:
         if isinstance(error, TimeoutError):

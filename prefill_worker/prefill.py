@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -25,11 +26,15 @@ from pdserve.kv_transfer.handoff import KVDestination
 from pdserve.prefill_worker.transfer import TransferPlan, await_handle, plan_transfer, report_for
 from pdserve.proto import worker_pb2
 from pdserve.proto.params import params_from_proto
-from pdserve.worker.checks import check_prompt, check_request_id
+from pdserve.worker.checks import PromptLimits, check_prompt, check_request_id
 from pdserve.worker.convert import destination_from_proto, step_to_chunk
 from pdserve.worker.errors import PreconditionFailed, RequestCancelled
 
 log = logging.getLogger(__name__)
+
+# Destinations remembered against replays; a reservation lives at most its timeout, far
+# fewer transfers than this on one prefill worker.
+_SENT_TO_REMEMBERED = 65536
 
 
 class PrefillService:
@@ -44,6 +49,13 @@ class PrefillService:
         # The sender ends every transfer within its own timeout; waiting a bit longer
         # only guards against a backend that breaks that promise.
         self._wait_s = transfer_timeout_s + 5.0
+        self._block_size = engine.engine.config.cache.block_size
+        self._limits = PromptLimits(
+            engine.engine.model_config.vocab_size, engine.engine.max_model_len
+        )
+        # Destinations already sent to, oldest first: a replayed Prefill must not write into
+        # blocks the decode worker may have given to another request since.
+        self._sent_to: OrderedDict[str, None] = OrderedDict()
         self._active: set[str] = set()  # first token out, KV not released yet
         # Hand-offs (send, then release the KV) after a first token went out: they run to
         # the end even when the Prefill caller goes away, since the decode worker waits.
@@ -56,7 +68,9 @@ class PrefillService:
         request_id = check_request_id(request.request_id)
         params = params_from_proto(request.params)
         prompt = check_prompt(request.prompt_token_ids)
-        dest = self._destination(request)
+        self._limits.check_token_ids(prompt, "prompt_token_ids")
+        self._limits.check_context(len(prompt), params.max_tokens)
+        dest = self._destination(request, len(prompt))
         started_s = time.monotonic()
         first = await self.engine.prefill(request_id, prompt, params)
         if first.finish_reason == "abort":
@@ -67,6 +81,7 @@ class PrefillService:
         # it has that token, before this generator ever runs again, and the decode worker
         # still waits for the KV. The task, not this stream, releases the KV.
         self._active.add(request_id)
+        self._remember_sent(dest.transfer_id)
         handoff = self._spawn(self._hand_off(request_id, dest, first.finished, first_s))
         handoff.add_done_callback(lambda task: _log_handoff(request_id, len(prompt), ttft_s, task))
         chunk = step_to_chunk(first)
@@ -98,7 +113,9 @@ class PrefillService:
             await asyncio.wait(list(self._handoffs), timeout=self._wait_s)
         self.sender.close()
 
-    def _destination(self, request: worker_pb2.PrefillRequest) -> KVDestination:
+    def _destination(self, request: worker_pb2.PrefillRequest, prompt_tokens: int) -> KVDestination:
+        """The checked destination: everything a send would refuse is refused here, before
+        the prompt is computed."""
         if not request.HasField("destination"):
             raise ValueError(
                 "Prefill needs a destination: the decode worker's ReserveKV answer "
@@ -110,7 +127,32 @@ class PrefillService:
                 f"destination {dest.worker_id!r} receives KV over {dest.backend!r} but this "
                 f"prefill worker sends over {self.backend!r}; pair workers of one backend"
             )
+        blocks = -(-prompt_tokens // self._block_size)
+        if len(dest.block_ids) != blocks:
+            raise ValueError(
+                f"destination.block_ids holds {len(dest.block_ids)} ids but the prompt's "
+                f"{prompt_tokens} tokens fill {blocks} blocks of {self._block_size}; pass the "
+                "ReserveKV answer for this prompt"
+            )
+        if dest.transfer_id in self._sent_to:
+            raise PreconditionFailed(
+                f"destination.transfer_id {dest.transfer_id!r} was sent to already; a "
+                "reservation takes one transfer (reserve again for a new attempt)"
+            )
+        to_send = dest.block_ids[dest.num_present_blocks :]
+        if to_send:
+            try:
+                self.sender.check_destination(dest.transfer_id, dest.agent_metadata, to_send)
+            except ValueError as exc:
+                raise ValueError(
+                    f"destination {dest.worker_id!r} cannot be sent to: {exc}"
+                ) from exc
         return dest
+
+    def _remember_sent(self, transfer_id: str) -> None:
+        self._sent_to[transfer_id] = None
+        if len(self._sent_to) > _SENT_TO_REMEMBERED:
+            self._sent_to.popitem(last=False)
 
     async def _send(
         self, request_id: str, dest: KVDestination, first_s: float

@@ -31,7 +31,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from pdserve.engine.model.registry import resolve_model
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.proto import worker_pb2_grpc
 from pdserve.proto.workers import WorkerInfo, WorkerRole
 from pdserve.worker import server as ws
 from pdserve.worker.engine_callbacks import (
@@ -42,6 +41,7 @@ from pdserve.worker.engine_callbacks import (
     load_from_stats,
 )
 from pdserve.worker.metrics import MetricsServer
+from pdserve.worker.raw_requests import add_worker_service
 
 log = logging.getLogger("pdserve.worker_host")
 T = TypeVar("T")
@@ -250,7 +250,7 @@ def _grpc_server(servicer: ws.WorkerServicer, health_servicer: Any) -> grpc.aio.
         ("grpc.max_send_message_length", ws.MAX_MESSAGE_BYTES),
     ]
     server = grpc.aio.server(options=options)
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    add_worker_service(server, servicer)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return server
 

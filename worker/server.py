@@ -48,6 +48,7 @@ from pdserve.worker.colocated import GenerateService
 from pdserve.worker.convert import stats_to_proto
 from pdserve.worker.errors import status_for
 from pdserve.worker.metrics import MetricsServer, start_metrics_server, stats_fn_on_loop
+from pdserve.worker.raw_requests import add_worker_service
 
 log = logging.getLogger("pdserve.worker")
 T = TypeVar("T")
@@ -240,7 +241,7 @@ async def serve(
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ]
     server = grpc.aio.server(options=options)
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    add_worker_service(server, servicer)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()

@@ -80,6 +80,10 @@ class InProcessWorker:
 @contextlib.contextmanager
 def hosted_workers(specs: list[WorkerSpec]) -> Iterator[list[InProcessWorker]]:
     """Start every spec's worker (their models load side by side), stop them all on exit."""
+    # transformers resolves its lazy attributes unsafely across threads: two workers
+    # loading tokenizers at once can see "cannot import name 'AutoTokenizer'".
+    from transformers import AutoTokenizer  # noqa: F401
+
     hosts = [WorkerHost(spec, _unlisted).start() for spec in specs]
     workers: list[InProcessWorker] = []
     try:
