@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import redis
 
 from pdserve.cluster.actuators import POOLS
 from pdserve.cluster.actuators.ray import PoolTargetActuator
@@ -42,11 +43,12 @@ from pdserve.cluster.pool_control import PoolTargetStore
 from pdserve.cluster.pool_manager import PoolMember, PoolTargets
 from pdserve.cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
 from pdserve.cluster.ray_pools import ActorResources, RayWorkerPool
-from pdserve.cluster.redis_server import redacted_url
+from pdserve.cluster.redis_server import connect, redacted_url
 from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
 from pdserve.cluster.router_wiring import RedisWorkerDirectory
 from pdserve.cluster.supervise import Supervised, SupervisedRedis, embedded_redis, supervise
+from pdserve.cluster.worker_agent import AgentConfig
 from pdserve.cluster.worker_launch import WorkerLaunch
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo
@@ -117,6 +119,7 @@ def run_up(config: UpConfig) -> int:
         with contextlib.ExitStack() as stack:
             embedded = None if config.redis_url else stack.enter_context(embedded_redis())
             redis_url = config.redis_url or (embedded.url if embedded else "")
+            stack.callback(_report_registered, redis_url, config.worker.agent)
             ray_endpoints = _start_ray(config)
             stack.callback(_stop_ray, ray_endpoints)
             _interrupt_on_sigterm()  # ray.init installed its own SIGTERM handler
@@ -132,6 +135,25 @@ def run_up(config: UpConfig) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted during start-up; everything stopped")
     return 0
+
+
+def _report_registered(redis_url: str, agent: AgentConfig) -> None:
+    """The last look at Redis before it stops: every worker has stopped, so each should
+    have deregistered."""
+    try:
+        client = connect(redis_url, timeout_s=2.0)
+        try:
+            registry = WorkerRegistry(client, RedisKeys(agent.key_prefix), agent.lease_s)
+            left = [w.worker_id for w in registry.list_workers()]
+        finally:
+            client.close()
+    except (redis.RedisError, OSError) as err:
+        log.warning("worker registry unreadable at exit: %r", err)
+        return
+    if left:
+        log.warning("at exit %d workers are still registered (leases lapse): %s", len(left), left)
+    else:
+        log.info("at exit every worker has deregistered")
 
 
 def _interrupt_on_sigterm() -> None:

@@ -25,9 +25,11 @@ TEST_ARGS = ("--num-blocks", "256")
 TEST_ENV = {"PDSERVE_TORCH_THREADS": "1"}
 
 
-def start_up(tmp_dir: Path, *args: str) -> UpProcess:
+def start_up(tmp_dir: Path, *args: str, new_session: bool = False) -> UpProcess:
     """Launch `pdserve up` (not waiting: workers load while the caller does other work)."""
-    return up_process.start_up(tmp_dir, (*TEST_ARGS, *args), TEST_ENV, kill_leftovers=False)
+    return up_process.start_up(
+        tmp_dir, (*TEST_ARGS, *args), TEST_ENV, kill_leftovers=False, new_session=new_session
+    )
 
 
 @dataclass(frozen=True)
