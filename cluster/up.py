@@ -43,7 +43,7 @@ from pdserve.cluster.pool_control import PoolTargetStore
 from pdserve.cluster.pool_manager import PoolMember, PoolTargets
 from pdserve.cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
 from pdserve.cluster.ray_pools import ActorResources, RayWorkerPool
-from pdserve.cluster.redis_server import connect, redacted_url
+from pdserve.cluster.redis_server import RedisAuthError, connect, redacted_url
 from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
 from pdserve.cluster.router_wiring import RedisWorkerDirectory
@@ -147,7 +147,7 @@ def _report_registered(redis_url: str, agent: AgentConfig) -> None:
             left = [w.worker_id for w in registry.list_workers()]
         finally:
             client.close()
-    except (redis.RedisError, OSError) as err:
+    except (redis.RedisError, OSError, RedisAuthError) as err:
         log.warning("worker registry unreadable at exit: %r", err)
         return
     if left:
