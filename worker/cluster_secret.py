@@ -75,13 +75,20 @@ class ClusterSecret:
 
 
 def write_secret_file(path: Path, secret: ClusterSecret) -> None:
-    """Write ``secret`` to ``path`` with mode 0600 (created so, never readable by others)."""
+    """Write ``secret`` to ``path`` with mode 0600."""
+    write_private_text(path, secret.to_text() + "\n")
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``, mode 0600 from its creation (never readable by others,
+    not even for a moment) and atomically (readers never see half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # O_EXCL below: the mode is ours, not a leftover file's
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as out:
-        out.write(secret.to_text() + "\n")
-    tmp.replace(path)  # readers never see half a secret
+        out.write(text)
+    tmp.replace(path)
 
 
 def read_secret_file(path: Path) -> ClusterSecret:
