@@ -92,9 +92,20 @@ def ray_token_auth(secret: ClusterSecret, source: SecretSource) -> Iterator[None
     token_file = source.ray_token_file
     write_private_text(token_file, secret.ray_token())
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
+    _reload_ray_config()
     try:
         yield
     finally:
         for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"):
             os.environ.pop(name, None)
+        _reload_ray_config()
         token_file.unlink(missing_ok=True)
+
+
+def _reload_ray_config() -> None:
+    # Ray reads RAY_AUTH_MODE into its config once per process; ray.init() of a new cluster
+    # would start the daemons in token mode (they read the variables) while this process, the
+    # driver, still spoke without one. Ray's own switch to token mode reloads it the same way.
+    from ray._raylet import Config
+
+    Config.initialize("")
