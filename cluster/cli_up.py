@@ -68,8 +68,8 @@ def add_parser(sub: Any) -> None:
         help="secure the inside with a cluster secret: mutual TLS to the workers, "
         "authenticated KV transfer, Redis password, Ray token (default: on)")  # fmt: skip
     add("--cluster-secret-file", type=Path, default=settings.cluster_secret_file,
-        metavar="PATH", help="the cluster secret to use (mode 0600; default: "
-        "PDSERVE_CLUSTER_SECRET_FILE, else a new one beside the state file)")  # fmt: skip
+        metavar="PATH", help="the cluster secret, kept (mode 0600; made if missing; default: "
+        "PDSERVE_CLUSTER_SECRET_FILE, else a new one per start beside the state file)")  # fmt: skip
     add_front_door_arguments(p, settings)
     add("--log-level", default=settings.log_level)
     add("--worker-log-level", default="WARNING")

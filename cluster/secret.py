@@ -5,7 +5,8 @@
     pdserve up                          a new secret per start, in a file beside the state
                                         file (up.json -> up.secret, mode 0600), removed on exit
     --cluster-secret-file F             the secret in F (PDSERVE_CLUSTER_SECRET_FILE too),
-                                        kept: other hosts and later starts can use it
+                                        made there if F does not exist; kept: other hosts
+                                        and later starts use the same one
     --no-cluster-auth                   none: plaintext worker gRPC, open KV ports, Redis
                                         without a password
 
@@ -60,23 +61,24 @@ def secret_source(secret_file: Path | None, state_file: Path) -> SecretSource:
 
 @contextlib.contextmanager
 def cluster_secret(source: SecretSource | None) -> Iterator[ClusterSecret | None]:
-    """The secret for the ``with`` block (None without a source); a new one's file is
-    removed at the end, a given one's is kept."""
+    """The secret for the ``with`` block (None without a source). A given file is read, or
+    made when it does not exist, and kept; a file of our own is removed at the end."""
     if source is None:
         log.warning("cluster authentication is off: whoever reaches a worker or Redis port "
                     "can use it")  # fmt: skip
         yield None
         return
-    if source.given:
+    if source.given and source.path.exists():
         yield read_secret_file(source.path)
         return
     secret = ClusterSecret.generate()
     write_secret_file(source.path, secret)
-    log.info("cluster secret written to %s (mode 0600)", source.path)
+    log.info("new cluster secret written to %s (mode 0600)", source.path)
     try:
         yield secret
     finally:
-        source.path.unlink(missing_ok=True)
+        if not source.given:
+            source.path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from pdserve.cluster.cli import build_parser
 from pdserve.cluster.cli_up import build_up_config
 from pdserve.cluster.secret import SecretSource, cluster_secret, ray_token_auth, secret_source
 from pdserve.cluster.settings import Settings
-from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file, write_secret_file
+from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
 
 KEY = "sk-front-door-test-key"
 
@@ -101,9 +101,10 @@ def test_a_new_secret_lives_as_long_as_the_cluster_a_given_one_stays(tmp_path: P
         assert (source.path.stat().st_mode & 0o777) == 0o600
     assert not source.path.exists()
     given = tmp_path / "kept.secret"
-    write_secret_file(given, ClusterSecret.generate())
+    with cluster_secret(secret_source(given, tmp_path / "up.json")) as made:
+        assert made is not None and read_secret_file(given) == made  # made where asked
     with cluster_secret(secret_source(given, tmp_path / "up.json")) as secret:
-        assert secret == read_secret_file(given)
+        assert secret == made  # and kept for the next start (or another host)
     assert given.exists()
     with cluster_secret(None) as nothing:
         assert nothing is None
