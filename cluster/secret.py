@@ -108,6 +108,6 @@ def _reload_ray_config() -> None:
     # Ray reads RAY_AUTH_MODE into its config once per process; ray.init() of a new cluster
     # would start the daemons in token mode (they read the variables) while this process, the
     # driver, still spoke without one. Ray's own switch to token mode reloads it the same way.
-    from ray._raylet import Config
+    from ray._raylet import Config  # type: ignore[attr-defined]  # not in its stubs
 
     Config.initialize("")
