@@ -13,7 +13,10 @@ from pdserve.cluster.cli import build_parser
 from pdserve.cluster.cli_up import build_up_config
 from pdserve.cluster.secret import SecretSource, cluster_secret, ray_token_auth, secret_source
 from pdserve.cluster.settings import Settings
-from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
+from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file, write_secret_file
+from pdserve.worker.server import build_parser as worker_parser
+from pdserve.worker.server import configs_from_args
+from pdserve.worker.server import main as worker_main
 
 KEY = "sk-front-door-test-key"
 
@@ -127,3 +130,22 @@ def test_ray_gets_the_secrets_token_from_a_private_file(
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the user's choice stands
     with ray_token_auth(secret, source):
         assert os.environ["RAY_AUTH_MODE"] == "disabled" and not source.ray_token_file.exists()
+
+
+def test_the_worker_server_takes_the_secret_from_its_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "cluster.secret"
+    secret = ClusterSecret.generate()
+    write_secret_file(path, secret)
+    flags = ["--role", "decode", "--kv-backend", "tcp", "--cluster-secret-file", str(path)]
+    server, _engine, transfer, _decode = configs_from_args(worker_parser().parse_args(flags))
+    assert server.secret == secret and transfer.auth_key == secret.kv_transfer_key()
+    assert secret.to_text() not in repr(server) and "auth_key" not in repr(transfer)
+    plain, _engine, open_transfer, _decode = configs_from_args(
+        worker_parser().parse_args(["--role", "decode"])
+    )
+    assert plain.secret is None and open_transfer.auth_key is None
+    os.chmod(path, 0o640)
+    assert worker_main(flags) == 2
+    assert "accessible by group or others (mode 0640)" in capsys.readouterr().err
