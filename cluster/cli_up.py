@@ -164,7 +164,10 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
                              "and --decode, not --colocated alone")  # fmt: skip
         stored = DEFAULT_PROFILE_FILE.read_text() if DEFAULT_PROFILE_FILE.exists() else None
         autoscale = autoscale_settings(args, stored)
-    if not args.cluster_auth and args.cluster_secret_file is not None:
+    secret = None
+    if args.cluster_auth:
+        secret = secret_source(args.cluster_secret_file, args.state_file)
+    elif args.cluster_secret_file is not None:
         raise ValueError("--no-cluster-auth contradicts --cluster-secret-file (or "
                          "PDSERVE_CLUSTER_SECRET_FILE)")  # fmt: skip
     return UpConfig(
@@ -181,9 +184,7 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         drain_timeout_s=settings.drain_timeout_s,
         router_processes=args.router_processes,
         autoscale=autoscale,
-        secret=secret_source(args.cluster_secret_file, args.state_file)
-        if args.cluster_auth
-        else None,
+        secret=secret,
     )
 
 

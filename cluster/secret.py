@@ -15,8 +15,9 @@ With a secret (worker/cluster_secret.py derives one credential per use from it):
 * the embedded redis-server requires its Redis password; every client gets it inside the
   Redis URL (an external ``--redis-url`` brings its own credentials and TLS, ``rediss://``);
 * a local Ray cluster that `pdserve up` starts uses token authentication with the secret's
-  Ray token, read from a 0600 file beside the secret (``RAY_AUTH_TOKEN_PATH``: never in a
-  variable or on a command line), so a host holding the secret derives the same token;
+  Ray token, read from a 0600 file beside the state file (``RAY_AUTH_TOKEN_PATH``: the
+  token is never in a variable or on a command line), so a host holding the secret derives
+  the same token;
 * workers get the secret in memory: mutual TLS on their gRPC port, authenticated KV;
 * routers get a client certificate for their worker channels.
 """
@@ -64,8 +65,9 @@ def cluster_secret(source: SecretSource | None) -> Iterator[ClusterSecret | None
     """The secret for the ``with`` block (None without a source). A given file is read, or
     made when it does not exist, and kept; a file of our own is removed at the end."""
     if source is None:
-        log.warning("cluster authentication is off: whoever reaches a worker or Redis port "
-                    "can use it")  # fmt: skip
+        log.warning(
+            "cluster authentication is off: whoever reaches a worker or Redis port can use it"
+        )
         yield None
         return
     if source.given and source.path.exists():

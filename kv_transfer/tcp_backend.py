@@ -1,12 +1,12 @@
 """TCP fallback backend: one connection per transfer, framed by the wire header.
 
-The sender connects, streams ``header | record * n`` and waits for a one-message ack; with an
-``auth_key`` both first pass the handshake of handshake.py, and a connection that fails it is
-closed before its header is read. The
+The sender connects, streams ``header | record * n`` and waits for a one-message ack; the
 receiver validates the header against its pool and ``expect`` before it reads a record,
 then reads plain records straight into the destination blocks (no staging copy) and int8
 records through a small buffer. A closed or silent connection fails the transfer on both
-sides within ``io_timeout_s`` (and always by ``timeout_s``).
+sides within ``io_timeout_s`` (and always by ``timeout_s``). With an ``auth_key`` both ends
+first pass the handshake of handshake.py: a connection that fails it is closed before its
+header is read.
 """
 
 from __future__ import annotations
