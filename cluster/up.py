@@ -29,7 +29,7 @@ import os
 import signal
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -74,7 +74,7 @@ class UpConfig:
     num_gpus_per_worker: float
     router: RouterConfig
     ray_address: str | None = None
-    redis_url: str | None = None
+    redis_url: str | None = field(default=None, repr=False)  # may carry a password
     include_dashboard: bool | None = None
     state_file: Path | None = None
     ready_timeout_s: float = 600.0

@@ -4,13 +4,16 @@ named by flags or PDSERVE_* variables, never as values; and what `pdserve up` do
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import pickle
 from pathlib import Path
 
 import pytest
 
 from pdserve.cluster.cli import build_parser
 from pdserve.cluster.cli_up import build_up_config
+from pdserve.cluster.router_start import RedisRouterSpec
 from pdserve.cluster.secret import SecretSource, cluster_secret, ray_token_auth, secret_source
 from pdserve.cluster.settings import Settings
 from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file, write_secret_file
@@ -149,3 +152,18 @@ def test_the_worker_server_takes_the_secret_from_its_file(
     os.chmod(path, 0o640)
     assert worker_main(flags) == 2
     assert "accessible by group or others (mode 0640)" in capsys.readouterr().err
+
+
+def test_configs_that_carry_credentials_hide_them_from_repr(tmp_path: Path) -> None:
+    secret = ClusterSecret.generate()
+    url = "redis://:the-redis-password@127.0.0.1:6379/0"
+    config = build_up_config(
+        _up("--redis-url", url, "--api-keys-file", str(_keys_file(tmp_path))), Settings.from_env()
+    )
+    spec = dataclasses.replace(config.worker.worker, cluster_secret=secret)
+    launch = dataclasses.replace(config.worker, worker=spec, redis_url=url)
+    router = RedisRouterSpec(url, "pdserve:", 5.0, "model", secret)
+    for shown in (repr(config), repr(launch), repr(router)):
+        for hidden in ("the-redis-password", secret.to_text(), KEY):
+            assert hidden not in shown
+    assert pickle.loads(pickle.dumps(launch)).worker.cluster_secret == secret  # Ray ships it
