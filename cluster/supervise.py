@@ -24,10 +24,11 @@ log = logging.getLogger("pdserve.up")
 
 
 class SupervisedRedis:
-    """The embedded redis-server; restarted on the same port if it dies."""
+    """The embedded redis-server; restarted on the same port (and password) if it dies."""
 
-    def __init__(self) -> None:
-        self.server = RedisServer(RedisServerConfig()).start()
+    def __init__(self, password: str | None = None) -> None:
+        self._password = password
+        self.server = RedisServer(RedisServerConfig(password=password)).start()
         self.url = self.server.url
 
     def ensure_running(self) -> None:
@@ -35,15 +36,17 @@ class SupervisedRedis:
         if not self.server.is_running:
             log.warning("embedded redis-server died; restarting it on port %d", self.server.port)
             self.server.stop()
-            self.server = RedisServer(RedisServerConfig(port=self.server.port)).start()
+            config = RedisServerConfig(port=self.server.port, password=self._password)
+            self.server = RedisServer(config).start()
 
     def stop(self) -> None:
         self.server.stop()
 
 
 @contextlib.contextmanager
-def embedded_redis() -> Iterator[SupervisedRedis]:
-    redis_sup = SupervisedRedis()
+def embedded_redis(password: str | None = None) -> Iterator[SupervisedRedis]:
+    """A supervised redis-server; with ``password`` it requires it (``requirepass``)."""
+    redis_sup = SupervisedRedis(password)
     try:
         yield redis_sup
     finally:

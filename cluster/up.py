@@ -11,7 +11,9 @@
            (`pdserve scale`), restart the embedded redis-server if it died
     SIGINT / SIGTERM: router stops taking requests -> workers stop -> Ray -> Redis
 
-Once serving, the endpoints are printed and written as JSON to the state file, which
+By default a cluster secret secures the inside (cluster/secret.py): Redis password, Ray token,
+mutual TLS to the workers, authenticated KV. Once serving, the endpoints are printed and
+written as JSON to the state file (mode 0600: its Redis URL carries the password), which
 `pdserve status` and `pdserve scale` read to find Redis.
 """
 
@@ -27,7 +29,7 @@ import os
 import signal
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from pdserve.cluster.redis_server import redacted_url
 from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
 from pdserve.cluster.router_wiring import RedisWorkerDirectory
+from pdserve.cluster.secret import SecretSource, cluster_secret, ray_token_auth
 from pdserve.cluster.supervise import Supervised, SupervisedRedis, embedded_redis, supervise
 from pdserve.cluster.worker_launch import WorkerLaunch
 from pdserve.proto.redis_keys import RedisKeys
@@ -55,6 +58,7 @@ from pdserve.router.edge.tokenizer import RouterTokenizer, load_router_tokenizer
 from pdserve.router.event_loop import run as run_loop
 from pdserve.router.processes import RouterProcesses, spawn_routers
 from pdserve.router.service import RouterService
+from pdserve.worker.cluster_secret import ClusterSecret, write_private_text
 
 log = logging.getLogger("pdserve.up")
 ROLES = ("prefill", "decode", "colocated")
@@ -70,7 +74,7 @@ class UpConfig:
     num_gpus_per_worker: float
     router: RouterConfig
     ray_address: str | None = None
-    redis_url: str | None = None
+    redis_url: str | None = field(default=None, repr=False)  # may carry a password
     include_dashboard: bool | None = None
     state_file: Path | None = None
     ready_timeout_s: float = 600.0
@@ -78,6 +82,7 @@ class UpConfig:
     supervise_s: float = 1.0
     router_processes: int = 1  # >1: that many router processes share the ports
     autoscale: AutoscaleSettings | None = None  # None: the pools keep their targets
+    secret: SecretSource | None = None  # None: no cluster authentication
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,6 +98,7 @@ class Endpoints:
     workers: dict[str, int]
     pid: int
     router_pids: list[int]
+    secret_file: str | None  # the cluster secret (None: no cluster authentication)
 
     def describe(self) -> str:
         pools = " + ".join(f"{n} {role}" for role, n in self.workers.items() if n)
@@ -105,6 +111,7 @@ class Endpoints:
             f"  dashboard      {self.dashboard}",
             f"  Ray dashboard  {self.ray_dashboard or '(off)'}",
             f"  Redis          {redacted_url(self.redis_url)}",
+            f"  secret         {self.secret_file or '(off: no cluster authentication)'}",
             "Ctrl-C to stop.",
         ]
         return "\n".join(lines)
@@ -115,19 +122,23 @@ def run_up(config: UpConfig) -> int:
     _interrupt_on_sigterm()
     try:
         with contextlib.ExitStack() as stack:
-            embedded = None if config.redis_url else stack.enter_context(embedded_redis())
+            secret = stack.enter_context(cluster_secret(config.secret))
+            password = secret.redis_password() if secret is not None else None
+            embedded = None if config.redis_url else stack.enter_context(embedded_redis(password))
             redis_url = config.redis_url or (embedded.url if embedded else "")
+            if secret is not None and config.secret is not None and config.ray_address is None:
+                stack.enter_context(ray_token_auth(secret, config.secret))
             ray_endpoints = _start_ray(config)
             stack.callback(_stop_ray, ray_endpoints)
             _interrupt_on_sigterm()  # ray.init installed its own SIGTERM handler
-            pools = _start_pools(config, redis_url)
+            pools = _start_pools(config, redis_url, secret)
             stack.callback(_stop_pools, pools)
             # The router's tokenizer loads while the workers load their models.
             loader = stack.enter_context(ThreadPoolExecutor(1, "tokenizer"))
             tokenizer = loader.submit(load_router_tokenizer, config.worker.worker.model)
             for pool in pools.values():
                 pool.wait_ready(config.ready_timeout_s)
-            served = _serve(config, pools, redis_url, embedded, ray_endpoints, tokenizer)
+            served = _serve(config, pools, redis_url, embedded, ray_endpoints, tokenizer, secret)
             run_loop(served)  # uvloop when installed (router/event_loop.py)
     except KeyboardInterrupt:
         log.warning("interrupted during start-up; everything stopped")
@@ -155,11 +166,14 @@ def _stop_ray(endpoints: RayEndpoints) -> None:
     log.info("Ray %s", "stopped" if endpoints.started_here else "disconnected")
 
 
-def _start_pools(config: UpConfig, redis_url: str) -> dict[str, RayWorkerPool]:
+def _start_pools(
+    config: UpConfig, redis_url: str, secret: ClusterSecret | None
+) -> dict[str, RayWorkerPool]:
     resources = config.resources
     if gpus_available() and config.num_gpus_per_worker > 0:
         resources = replace(resources, num_gpus=config.num_gpus_per_worker)
-    template = replace(config.worker, redis_url=redis_url)
+    worker = replace(config.worker.worker, cluster_secret=secret)
+    template = replace(config.worker, worker=worker, redis_url=redis_url)
     pools = {role: RayWorkerPool(role, template, resources) for role in ROLES}
     for role, pool in pools.items():
         pool.scale_to(config.targets.of(role))
@@ -179,12 +193,14 @@ async def _serve(
     embedded: SupervisedRedis | None,
     ray_endpoints: RayEndpoints,
     tokenizer: Future[RouterTokenizer],
+    secret: ClusterSecret | None,
 ) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     agent = config.worker.agent
-    spec = RedisRouterSpec(redis_url, agent.key_prefix, agent.lease_s, config.worker.worker.model)
+    model = config.worker.worker.model
+    spec = RedisRouterSpec(redis_url, agent.key_prefix, agent.lease_s, model, secret)
     client = spec.client()
     store = PoolTargetStore(client, RedisKeys(agent.key_prefix))
     store.write(config.targets)
@@ -250,7 +266,8 @@ def _endpoints(
     ray_endpoints: RayEndpoints,
     router_pids: list[int],
 ) -> Endpoints:
-    http = f"http://{config.router.host}:{service.http_port}"
+    scheme = "https" if config.router.tls_cert_path else "http"
+    http = f"{scheme}://{config.router.host}:{service.http_port}"
     return Endpoints(
         http=http,
         grpc=f"{config.router.host}:{service.grpc_port}",
@@ -263,14 +280,11 @@ def _endpoints(
         workers={role: config.targets.of(role) for role in ROLES},
         pid=os.getpid(),
         router_pids=router_pids,
+        secret_file=str(config.secret.path) if config.secret is not None else None,
     )
 
 
 def _announce(endpoints: Endpoints, state_file: Path | None) -> None:
     print(endpoints.describe(), flush=True)
-    if state_file is None:
-        return
-    state_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = state_file.with_suffix(state_file.suffix + ".tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(endpoints), indent=2))
-    tmp.replace(state_file)  # readers never see half a file
+    if state_file is not None:  # its Redis URL may carry the password: owner-only
+        write_private_text(state_file, json.dumps(dataclasses.asdict(endpoints), indent=2))

@@ -275,6 +275,40 @@ def test_router_deployment_and_service() -> None:
     assert one(docs, "Deployment", name("router"))["spec"]["replicas"] == 2
 
 
+def test_router_front_door_from_secrets() -> None:
+    """API keys and TLS come from Secrets mounted read-only; kubelet's gRPC probes cannot
+    speak TLS, so the probes change; the scrape of /metrics turns HTTPS."""
+    docs = render(load_values("router-front-door.yaml"))
+    router = container(docs, "router")
+    assert arg_value(router, "--api-keys-file") == "/etc/pdserve/api-keys/api-keys"
+    assert arg_value(router, "--tls-cert") == "/etc/pdserve/tls/tls.crt"
+    assert arg_value(router, "--tls-key") == "/etc/pdserve/tls/tls.key"
+    mounts = {m["name"]: (m["mountPath"], m.get("readOnly")) for m in router["volumeMounts"]}
+    assert mounts["api-keys"] == ("/etc/pdserve/api-keys", True)
+    assert mounts["tls"] == ("/etc/pdserve/tls", True)
+    pod = one(docs, "Deployment", name("router"))["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["api-keys"]["secret"] == {
+        "secretName": "pdserve-api-keys",
+        "defaultMode": 0o400,
+        "items": [{"key": "keys.txt", "path": "api-keys"}],
+    }
+    assert volumes["tls"]["secret"] == {"secretName": "pdserve-router-tls", "defaultMode": 0o400}
+    readiness = router["readinessProbe"]
+    assert readiness["httpGet"] == {"path": "/health", "port": 8000, "scheme": "HTTPS"}
+    for probe in ("startupProbe", "livenessProbe"):
+        assert router[probe]["tcpSocket"] == {"port": 50051} and "grpc" not in router[probe]
+    ports = one(docs, "Service", name("router"))["spec"]["ports"]
+    assert [p.get("appProtocol") for p in ports] == ["https", None]
+    scrape = one(docs, "ServiceMonitor", FULLNAME)["spec"]["endpoints"][0]
+    assert (scrape["port"], scrape["scheme"]) == ("http", "https")
+    assert scrape["tlsConfig"] == {"insecureSkipVerify": True}
+    files = render_files(load_values("router-front-door.yaml"))
+    notes = next(text for path, text in files.items() if path.endswith("NOTES.txt"))
+    assert "curl -k https://127.0.0.1:8000/v1/completions" in notes
+    assert "Authorization: Bearer $API_KEY" in notes
+
+
 @pytest.mark.parametrize("pool", POOLS)
 def test_workers_run_the_worker_server_with_grpc_probes(pool: str) -> None:
     docs = render({})
