@@ -1,10 +1,10 @@
 """The faults, one at a time, each struck while the steady load runs.
 
-A fault waits for its moment (a stream mid-way on the worker it kills, a first token that
-just arrived so the KV transfer is under way), strikes, and returns when it has done its
-part (a frozen worker is resumed after ``FREEZE_S``); the cluster recovers by itself.
-Faults on links need a worker host with its own network: they run only on the multi-host
-cluster and are reported as not run here.
+A fault waits for its moment (asking the workers' ``GetStats`` every few milliseconds: a
+decode worker streaming, a prefill worker with a KV transfer open), strikes, and returns
+when it has done its part (a frozen worker is resumed after ``FREEZE_S``); the cluster
+recovers by itself. Faults on links need a worker host with its own network: they run only
+on the multi-host cluster and are reported as not run here.
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pdserve.bench.chaos.cluster import ChaosCluster
-from pdserve.bench.chaos.load import SteadyLoad
+import grpc
+
+from pdserve.bench.chaos.cluster import ChaosCluster, pid_of, worker_stats
+from pdserve.proto import worker_pb2, worker_pb2_grpc
+from pdserve.proto.workers import WorkerRole
 
 FREEZE_S = 10.0
 MOMENT_TIMEOUT_S = 60.0
 
-Strike = Callable[[ChaosCluster, SteadyLoad], Awaitable[str]]
+Strike = Callable[[ChaosCluster], Awaitable[str]]
 
 
 @dataclass(frozen=True)
@@ -32,69 +35,62 @@ class Fault:
     strike: Strike | None  # None: needs hosts with their own network
 
 
-async def _moment(find: Callable[[], str | None], what: str) -> str:
-    """Poll ``find`` until it names a target."""
+async def _busy(
+    cluster: ChaosCluster, role: WorkerRole, is_busy: Callable[[worker_pb2.WorkerStats], bool]
+) -> tuple[str, int]:
+    """A worker of ``role`` whose counters say ``is_busy`` now: (id, pid), polled."""
     deadline = time.monotonic() + MOMENT_TIMEOUT_S
-    while (target := find()) is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no moment for the fault in {MOMENT_TIMEOUT_S} s: {what}")
-        await asyncio.sleep(0.01)
-    return target
+    workers = cluster.workers(role)
+    channels = [grpc.aio.insecure_channel(w.address) for w in workers]
+    try:
+        stubs = [worker_pb2_grpc.WorkerStub(c) for c in channels]
+        while time.monotonic() < deadline:
+            for w, stub in zip(workers, stubs, strict=True):
+                stats = await worker_stats(stub)
+                if stats is not None and is_busy(stats):
+                    return w.worker_id, pid_of(w)
+            await asyncio.sleep(0.005)
+    finally:
+        for c in channels:
+            await c.close()
+    raise TimeoutError(f"no {role.value} worker was busy for {MOMENT_TIMEOUT_S} s")
 
 
-async def kill_decode_mid_stream(cluster: ChaosCluster, load: SteadyLoad) -> str:
-    pids = cluster.worker_pids()
+def _streaming(stats: worker_pb2.WorkerStats) -> bool:
+    return stats.running > 0
 
-    def streaming() -> str | None:
-        for key, (_prefill, decode) in load.in_flight.workers.items():
-            if decode in pids and key in load.in_flight.first_token:
-                return decode
-        return None
 
-    worker = await _moment(streaming, "a stream on a decode worker")
-    os.kill(pids[worker], signal.SIGKILL)
+async def kill_decode_mid_stream(cluster: ChaosCluster) -> str:
+    worker, pid = await _busy(cluster, WorkerRole.DECODE, _streaming)
+    os.kill(pid, signal.SIGKILL)
     return worker
 
 
-async def kill_prefill_mid_transfer(cluster: ChaosCluster, load: SteadyLoad) -> str:
-    pids = cluster.worker_pids()
-
-    def transferring() -> str | None:
-        now = time.monotonic()
-        for key, first in list(load.in_flight.first_token.items()):
-            prefill = load.in_flight.workers.get(key, ("", ""))[0]
-            if prefill in pids and now - first < 0.05:  # its KV is on the way
-                return prefill
-        return None
-
-    worker = await _moment(transferring, "a first token that just arrived")
-    os.kill(pids[worker], signal.SIGKILL)
+async def kill_prefill_mid_transfer(cluster: ChaosCluster) -> str:
+    worker, pid = await _busy(cluster, WorkerRole.PREFILL, lambda s: s.transfers_in_flight > 0)
+    os.kill(pid, signal.SIGKILL)
     return worker
 
 
-async def kill_one_router(cluster: ChaosCluster, load: SteadyLoad) -> str:
+async def kill_one_router(cluster: ChaosCluster) -> str:
     pid = cluster.spare_router_pids()[0]
     os.kill(pid, signal.SIGKILL)
     return f"router process {pid}"
 
 
-async def restart_redis_empty(cluster: ChaosCluster, load: SteadyLoad) -> str:
+async def restart_redis_empty(cluster: ChaosCluster) -> str:
     pid = cluster.redis_pid()
     os.kill(pid, signal.SIGKILL)  # `pdserve up` starts it again, empty
     return f"redis-server {pid}"
 
 
-async def freeze_decode_worker(cluster: ChaosCluster, load: SteadyLoad) -> str:
-    pids = cluster.worker_pids()
-    worker = await _moment(
-        lambda: next((d for _p, d in load.in_flight.workers.values() if d in pids), None),
-        "a decode worker with a stream",
-    )
-    os.kill(pids[worker], signal.SIGSTOP)
+async def freeze_decode_worker(cluster: ChaosCluster) -> str:
+    worker, pid = await _busy(cluster, WorkerRole.DECODE, _streaming)
+    os.kill(pid, signal.SIGSTOP)
     try:
         await asyncio.sleep(FREEZE_S)
     finally:
-        os.kill(pids[worker], signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
     return worker
 
 

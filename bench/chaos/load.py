@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import grpc
 
@@ -59,14 +58,6 @@ def request_message(key: int, request: BenchRequest) -> inference_pb2.GenerateTe
     )
 
 
-@dataclass
-class InFlight:
-    """What runs now: request key -> the (prefill, decode) workers serving it, once known."""
-
-    workers: dict[int, tuple[str, str]] = field(default_factory=dict)
-    first_token: dict[int, float] = field(default_factory=dict)
-
-
 class SteadyLoad:
     """Sends ``requests`` round and round at ``rate`` per second to ``target`` until stopped."""
 
@@ -75,7 +66,6 @@ class SteadyLoad:
         self._messages = [request_message(k, r) for k, r in enumerate(requests)]
         self._interval_s = 1.0 / rate
         self.outcomes: list[Outcome] = []
-        self.in_flight = InFlight()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
 
@@ -113,8 +103,6 @@ class SteadyLoad:
             if status != "UNAVAILABLE":
                 break
             await asyncio.sleep(0.2)
-        self.in_flight.workers.pop(key, None)
-        self.in_flight.first_token.pop(key, None)
         self.outcomes.append(
             Outcome(key, sent, first, time.monotonic(), tuple(tokens), status, attempt)
         )
@@ -127,12 +115,8 @@ class SteadyLoad:
         try:
             call = stub.Generate(self._messages[key], timeout=REQUEST_TIMEOUT_S)
             async for response in call:
-                if response.prefill_worker or response.decode_worker:
-                    self.in_flight.workers[key] = (response.prefill_worker, response.decode_worker)
                 if response.chunk.token_ids:
-                    if first is None:
-                        first = time.monotonic()
-                        self.in_flight.first_token[key] = first
+                    first = time.monotonic() if first is None else first
                     tokens += response.chunk.token_ids
         except grpc.aio.AioRpcError as err:
             return err.code().name, first, tokens

@@ -70,7 +70,7 @@ async def run_faults(
                 continue
             await asyncio.sleep(args.window_s + lead_s)  # a steady stretch: "before"
             fault_s = time.monotonic()
-            target = await fault.strike(cluster, load)
+            target = await fault.strike(cluster)
             print(f"{fault.name}: struck {target}", flush=True)
             await asyncio.sleep(args.observe_s)
             settled_s = time.monotonic() - lead_s  # requests sent later may still run
