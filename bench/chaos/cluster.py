@@ -1,7 +1,8 @@
 """The cluster under test: `pdserve up` as a child process, and the processes a fault hits.
 
 Workers are found in the registry (their address, and the pid their heartbeat reports) and
-asked what they hold right now with their ``GetStats`` RPC; router processes through the
+asked what they hold right now with their ``GetStats`` RPC (over mutual TLS with the
+cluster's secret, as the router calls them); router processes through the
 cluster's state file (the first is `pdserve up` itself, which a fault must not kill: the
 cluster would go); redis-server among `pdserve up`'s descendants.
 """
@@ -9,6 +10,7 @@ cluster would go); redis-server among `pdserve up`'s descendants.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import redis
@@ -18,6 +20,8 @@ from pdserve.cluster.registry import WorkerRegistry
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo, WorkerRole
+from pdserve.worker.cluster_secret import read_secret_file
+from pdserve.worker.mutual_tls import client_tls
 
 START_TIMEOUT_S = 900.0
 ENV = {"PDSERVE_TORCH_THREADS": "1"}
@@ -41,6 +45,14 @@ class ChaosCluster:
         finally:
             client.close()
         return [w for w in workers if w.role is role]
+
+    def worker_channel(self, address: str) -> grpc.aio.Channel:
+        """A channel to a worker's gRPC service, authenticated as the router's are."""
+        secret_file = self.up.state.get("secret_file")
+        if secret_file is None:
+            return grpc.aio.insecure_channel(address)
+        tls = client_tls(read_secret_file(Path(secret_file)))
+        return grpc.aio.secure_channel(address, tls.credentials, options=tls.options)
 
     def spare_router_pids(self) -> list[int]:
         """The router processes other than `pdserve up` itself."""

@@ -16,8 +16,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import grpc
-
 from pdserve.bench.chaos.cluster import ChaosCluster, pid_of, worker_stats
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.proto.workers import WorkerRole
@@ -41,7 +39,7 @@ async def _busy(
     """A worker of ``role`` whose counters say ``is_busy`` now: (id, pid), polled."""
     deadline = time.monotonic() + MOMENT_TIMEOUT_S
     workers = cluster.workers(role)
-    channels = [grpc.aio.insecure_channel(w.address) for w in workers]
+    channels = [cluster.worker_channel(w.address) for w in workers]
     try:
         stubs = [worker_pb2_grpc.WorkerStub(c) for c in channels]
         while time.monotonic() < deadline:
