@@ -93,6 +93,12 @@ class SteadyLoad:
     def stop(self) -> None:
         self._stopping.set()
 
+    async def drain(self) -> None:
+        """Stop sending and wait until every request sent is done."""
+        self.stop()
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks))
+
     async def _one(self, stub: inference_pb2_grpc.InferenceStub, key: int) -> None:
         sent = time.monotonic()
         status, first, tokens = "ok", None, list[int]()

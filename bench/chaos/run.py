@@ -2,6 +2,7 @@
 
     python -m pdserve.bench.chaos [--faults decode-kill,freeze,...] [--rate 0.8]
                                   [--observe-s 60] [--window-s 10] [--json rows.json]
+    python -m pdserve.bench.chaos --soak MINUTES [--rate 0.8]
 
 It starts `pdserve up --prefill 2 --decode 2 --router-processes 2`, runs the load (see
 ``load.py``) through one fault-free pass over the dataset, whose answers become the
@@ -9,13 +10,15 @@ reference, then strikes each fault after a steady stretch and watches ``--observ
 row: requests failed (by status), completed streams checked token by token against the
 reference (lost, repeated, changed tokens), goodput before / lowest / after and the time
 until it is back within 10% (``analysis.py``). Faults on links need worker hosts with their
-own network and are listed as not run on a single host.
+own network and are listed as not run on a single host. ``--soak`` runs no fault: the load
+for MINUTES, watched for growth (``soak.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import tempfile
 import time
 from collections.abc import Sequence
@@ -27,6 +30,7 @@ from pdserve.bench.chaos.analysis import FaultReport, Slo, report
 from pdserve.bench.chaos.cluster import ENV, START_TIMEOUT_S, ChaosCluster, up_args
 from pdserve.bench.chaos.faults import FAULT_NAMES, FAULTS, Fault
 from pdserve.bench.chaos.load import SteadyLoad, chaos_dataset
+from pdserve.bench.chaos.soak import SoakReport, print_soak, soak
 from pdserve.bench.engine_args import write_rows
 from pdserve.bench.up_process import running_up
 
@@ -48,6 +52,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--decode", type=int, default=2)
     p.add_argument("--num-blocks", type=int, default=256, help="KV blocks per worker")
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument(
+        "--soak", type=float, default=None, metavar="MINUTES",
+        help="no faults: the steady load for MINUTES, watching memory, descriptors, threads, "
+        "KV blocks and Redis keys",
+    )  # fmt: skip
+    p.add_argument("--sample-s", type=float, default=30.0, help="soak sampling period")
     args = p.parse_args(argv)
     unknown = set(args.faults.split(",")) - set(FAULT_NAMES)
     if unknown:
@@ -101,6 +111,21 @@ async def _reference_pass(
     return {k: o.tokens for k, o in done.items()}, max(o.done_s - o.sent_s for o in done.values())
 
 
+async def run_soak(cluster: ChaosCluster, args: argparse.Namespace) -> SoakReport:
+    dataset = chaos_dataset(args.requests)
+    load = SteadyLoad(cluster.grpc_address, dataset, args.rate)
+    running = asyncio.create_task(load.run())
+    slo = Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000)
+    try:
+        reference, _lead_s = await _reference_pass(load, len(dataset), args.rate, slo)
+        result = await soak(cluster, load, args.soak, args.sample_s)
+    finally:
+        load.stop()
+        await running
+    wrong = sum(o.ok and o.tokens != reference[o.key] for o in load.outcomes)
+    return dataclasses.replace(result, inexact_streams=wrong)
+
+
 def print_table(reports: Sequence[FaultReport], faults: Sequence[Fault]) -> None:
     what = {f.name: f.what for f in faults}
     print(
@@ -128,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pdserve-chaos-") as tmp:
         cli = up_args(args.prefill, args.decode, 2, args.num_blocks)
         with running_up(Path(tmp), cli, ENV, START_TIMEOUT_S) as up:
+            if args.soak is not None:
+                soaked = asyncio.run(run_soak(ChaosCluster(up), args))
+                print_soak(soaked)
+                return 0 if soaked.clean else 1
             reports = asyncio.run(run_faults(ChaosCluster(up), chosen, args))
     print_table(reports, chosen)
     write_rows(reports, args.json)
