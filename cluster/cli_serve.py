@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
+from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 from pdserve.engine.kv_cache.tier_options import (
     add_kv_tier_arguments,
     kv_tier_flags,
@@ -62,6 +63,7 @@ def add_parsers(sub: Any) -> None:
     add("--router-processes", type=int, default=1, metavar="N")
     _add_redis_arguments(r, settings)
     add_front_door_arguments(r, settings)
+    add_slo_arguments(r)
     r.set_defaults(run=run_router)
     w = sub.add_parser("worker", help="one worker that registers in the cluster's Redis",
                        description=__doc__ + "\nOther flags go to the worker server "
@@ -166,6 +168,7 @@ async def _serve_router(args: argparse.Namespace) -> None:
         reuse_port=args.router_processes > 1,
         **({"default_policy": args.policy} if args.policy else {}),
         **front_door_fields(args),
+        **slo_fields(args),
     )
     tokenizer = await asyncio.to_thread(load_router_tokenizer, args.model)
     directory, locality = spec.sources(spec.client())

@@ -11,6 +11,7 @@ from pdserve.cluster.cli_autoscale import add_autoscale_arguments, autoscale_set
 from pdserve.cluster.cpu_affinity import parse_cpu_affinity
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
+from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 from pdserve.engine.kv_cache.tier_options import add_kv_tier_arguments, kv_tier_settings
 from pdserve.engine.speculative.options import (
     add_speculative_arguments,
@@ -71,6 +72,7 @@ def add_parser(sub: Any) -> None:
         metavar="PATH", help="the cluster secret, kept (mode 0600; made if missing; default: "
         "PDSERVE_CLUSTER_SECRET_FILE, else a new one per start beside the state file)")  # fmt: skip
     add_front_door_arguments(p, settings)
+    add_slo_arguments(p)
     add("--log-level", default=settings.log_level)
     add("--worker-log-level", default="WARNING")
     add("--autoscale", action="store_true",
@@ -154,6 +156,7 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         block_size=args.block_size,
         **router_kwargs,
         **front_door_fields(args),
+        **slo_fields(args),
     )
     if args.router_processes < 1:
         raise ValueError(f"--router-processes must be >= 1, got {args.router_processes}")

@@ -43,7 +43,7 @@ from pdserve.router.request.types import (
     Usage,
 )
 from pdserve.router.request.worker_calls import WorkerCalls
-from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker
+from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker, SloShedding
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
 from pdserve.router.state.locality import BlockHash, LocalityIndex, PromptBlockHasher
 from pdserve.router.state.placements import RecentPlacements
@@ -78,6 +78,7 @@ class RequestLifecycle:
         self.hasher = hasher
         self.timing_sink: TimingSink = timing_sink or InMemoryTimingSink()
         self.limiter = ConcurrencyLimiter(config.max_concurrent_requests, config.retry_after_s)
+        self.shedding = SloShedding(config.shed_ttft_factor * config.slo.ttft_ms / 1000)
         self.tracker = LocalLoadTracker()
         self.placements = RecentPlacements()
         self._policies: dict[str, RoutingPolicy] = {
@@ -133,6 +134,7 @@ class RequestLifecycle:
             raise NoWorkersError(f"no live worker serves model {inp.model!r}")
         request, hashes = await self._route_request(inp, [w.worker_id for w in workers])
         ranked = policy.rank(request, [self._candidate(w) for w in workers])
+        self.shedding.check(ranked)
         if ranked and hashes:
             chosen = ranked[0].prefill_worker_id
             held = request.cached_blocks.get(chosen, 0)

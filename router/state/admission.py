@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.proto.workers import WorkerLoad
 from pdserve.router.edge.errors import OverloadedError
+from pdserve.router.policies.types import RouteDecision
 
 
 class ConcurrencyLimiter:
@@ -29,6 +32,32 @@ class ConcurrencyLimiter:
     def release(self) -> None:
         assert self.active > 0, "release() without a matching acquire()"
         self.active -= 1
+
+
+@dataclass(slots=True, frozen=True)
+class SloShedding:
+    """Refuses at once a request that would wait far past its TTFT objective.
+
+    When even the best place for a request predicts a TTFT above ``max_ttft_s`` (the
+    policy's prediction: the prefill queue ahead of it, its own prefill, the transfer), it
+    is refused with a retry hint of the predicted excess: queueing it would make it miss its
+    objective and slow every request behind it. A burst above capacity is thus shed at the
+    door while the requests admitted still meet the objective. ``max_ttft_s`` 0: off.
+    """
+
+    max_ttft_s: float
+
+    def check(self, ranked: Sequence[RouteDecision]) -> None:
+        if self.max_ttft_s <= 0 or not ranked:
+            return
+        best = min(d.ttft_s for d in ranked)
+        if best > self.max_ttft_s:
+            retry_after_s = max(1, math.ceil(best - self.max_ttft_s))
+            raise OverloadedError(
+                f"overloaded: the earliest first token would come after {best:.1f} s, past "
+                f"the {self.max_ttft_s:.1f} s the router admits; retry after {retry_after_s}s",
+                retry_after_s,
+            )
 
 
 @dataclass(slots=True)

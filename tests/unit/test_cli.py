@@ -65,6 +65,17 @@ def _up_args(*flags: str) -> argparse.Namespace:
     return args
 
 
+def test_up_and_router_take_the_slo_and_its_admission_factor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = _up_args("--slo-ttft-ms", "500", "--slo-tpot-ms", "80", "--shed-ttft-factor", "2")
+    router = build_up_config(args, Settings.from_env()).router
+    assert (router.slo.ttft_ms, router.slo.tpot_ms, router.shed_ttft_factor) == (500, 80, 2)
+    assert build_up_config(_up_args(), Settings.from_env()).router.shed_ttft_factor == 3.0
+    assert main(["up", "--slo-ttft-ms", "0"]) == 2
+    assert "--slo-ttft-ms and --slo-tpot-ms must be > 0" in capsys.readouterr().err
+
+
 def test_up_gives_the_speculative_flags_to_decode_and_colocated_workers_only() -> None:
     args = _up_args("--speculative", "ngram", "--num-speculative-tokens", "4", "--ngram-max", "3")
     launch = build_up_config(args, Settings.from_env()).worker

@@ -1,4 +1,5 @@
-"""Concurrency limit and the router's own per-worker load counts."""
+"""Concurrency limit, shedding by predicted TTFT, and the router's own per-worker load
+counts."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pytest
 
 from pdserve.proto.workers import WorkerLoad
 from pdserve.router.edge.errors import OverloadedError
-from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker
+from pdserve.router.policies.types import RouteDecision
+from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker, SloShedding
 
 
 def test_limiter_refuses_beyond_the_limit_with_a_retry_hint() -> None:
@@ -18,6 +20,23 @@ def test_limiter_refuses_beyond_the_limit_with_a_retry_hint() -> None:
     assert caught.value.retry_after_s == 5
     limiter.release()
     limiter.acquire()  # room again
+
+
+def _decision(ttft_s: float) -> RouteDecision:
+    return RouteDecision("p0", "d0", ttft_s, "joint_ttft", "test")
+
+
+def test_shedding_refuses_when_even_the_best_place_waits_too_long() -> None:
+    shedding = SloShedding(max_ttft_s=3.0)
+    shedding.check([_decision(5.0), _decision(2.9)])  # the best place is in time
+    shedding.check([])  # no place at all is not this rule's business
+    with pytest.raises(OverloadedError, match=r"after 4\.5 s, past the 3\.0 s") as caught:
+        shedding.check([_decision(7.0), _decision(4.5)])
+    assert caught.value.retry_after_s == 2  # ceil(4.5 - 3.0)
+    with pytest.raises(OverloadedError) as caught:
+        shedding.check([_decision(3.01)])
+    assert caught.value.retry_after_s == 1
+    SloShedding(max_ttft_s=0.0).check([_decision(1e9)])  # off
 
 
 def test_tracker_takes_the_larger_of_reported_and_local_counts() -> None:
