@@ -99,6 +99,7 @@ class FaultReport:
     inexact_streams: int
     errors: TokenErrors
     retried: int  # requests the client had to send again
+    admitted_attainment: float  # of the requests answered, the share within the SLO
     goodput_before: float
     goodput_lowest: float
     goodput_after: float
@@ -138,6 +139,7 @@ def report(
         inexact_streams=inexact,
         errors=errors,
         retried=sum(o.attempts > 1 for o in window),
+        admitted_attainment=sum(slo.met_by(o) for o in window) / max(1, sum(o.ok for o in window)),
         goodput_before=before,
         goodput_lowest=min((g for _, g in after_fault), default=before),
         goodput_after=after_fault[-1][1] if after_fault else before,

@@ -61,11 +61,19 @@ def request_message(key: int, request: BenchRequest) -> inference_pb2.GenerateTe
 class SteadyLoad:
     """Sends ``requests`` round and round at ``rate`` per second to ``target`` until stopped."""
 
-    def __init__(self, target: str, requests: Sequence[BenchRequest], rate: float) -> None:
+    def __init__(
+        self,
+        target: str,
+        requests: Sequence[BenchRequest],
+        rate: float,
+        outcomes: list[Outcome] | None = None,
+    ) -> None:
         self._target = target
+        self._requests = requests
         self._messages = [request_message(k, r) for k, r in enumerate(requests)]
+        self.rate = rate
         self._interval_s = 1.0 / rate
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[Outcome] = [] if outcomes is None else outcomes
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
 
@@ -92,6 +100,11 @@ class SteadyLoad:
 
     def stop(self) -> None:
         self._stopping.set()
+
+    def burst(self, factor: float) -> SteadyLoad:
+        """Another load of the same requests at ``factor`` times this rate, recording into
+        the same outcomes."""
+        return SteadyLoad(self._target, self._requests, self.rate * factor, self.outcomes)
 
     async def drain(self) -> None:
         """Stop sending and wait until every request sent is done."""

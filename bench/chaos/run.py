@@ -80,7 +80,7 @@ async def run_faults(
                 continue
             await asyncio.sleep(args.window_s + lead_s)  # a steady stretch: "before"
             fault_s = time.monotonic()
-            target = await fault.strike(cluster)
+            target = await fault.strike(cluster, load)
             print(f"{fault.name}: struck {target}", flush=True)
             await asyncio.sleep(args.observe_s)
             settled_s = time.monotonic() - lead_s  # requests sent later may still run
@@ -130,21 +130,24 @@ def print_table(reports: Sequence[FaultReport], faults: Sequence[Fault]) -> None
     what = {f.name: f.what for f in faults}
     print(
         "| fault | requests | failed (status) | completed | lost / repeated / changed tokens "
-        "| retried | goodput before / lowest / after (req/s) | back within 10% after |"
+        "| retried | answered within the SLO | goodput before / lowest / after (req/s) "
+        "| back within 10% after |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in reports:
         failed = ", ".join(f"{n} {s}" for s, n in sorted(r.failed.items())) or "0"
         e = r.errors
         back = "not within the run" if r.recovery_s is None else f"{r.recovery_s:.0f} s"
         print(
             f"| {what[r.fault]} | {r.requests} | {failed} | {r.completed} "
-            f"| {e.lost} / {e.repeated} / {e.changed} | {r.retried} "
+            f"| {e.lost} / {e.repeated} / {e.changed} | {r.retried} | {r.admitted_attainment:.0%} "
             f"| {r.goodput_before:.2f} / {r.goodput_lowest:.2f} / {r.goodput_after:.2f} | {back} |"
         )
     for f in faults:
         if f.strike is None:
-            print(f"| {f.what} | not run: needs worker hosts with their own network | | | | | | |")
+            print(
+                f"| {f.what} | not run: needs worker hosts with their own network | | | | | | | |"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -49,6 +49,7 @@ def test_a_fault_that_fails_and_slows_requests_then_recovers() -> None:
     r = report("x", outcomes, REFERENCE, SLO, fault_s=20.0, end_s=50.0, window_s=5.0, lead_s=2.0)
     assert r.requests == 37  # sent in [13, 50)
     assert r.failed == {"UNAVAILABLE": 3} and r.completed == 34
+    assert r.admitted_attainment == pytest.approx(31 / 34)  # the three late ones missed
     assert r.inexact_streams == 1 and r.errors == TokenErrors(lost=1, repeated=1)
     assert r.goodput_before == 1.0  # [13, 18): all five met the SLO
     assert r.goodput_lowest == 0.0  # [19, 24)
