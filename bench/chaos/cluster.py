@@ -63,10 +63,14 @@ class ChaosCluster:
         return pid
 
 
-def up_args(prefill: int, decode: int, routers: int, num_blocks: int) -> tuple[str, ...]:
+def up_args(
+    prefill: int, decode: int, routers: int, num_blocks: int, slo_ms: tuple[float, float]
+) -> tuple[str, ...]:
+    """`pdserve up`'s flags; the router gets the benchmark's SLO (its goodput, its admission)."""
     return (
         "--prefill", str(prefill), "--decode", str(decode),
         "--router-processes", str(routers), "--num-blocks", str(num_blocks),
+        "--slo-ttft-ms", str(slo_ms[0]), "--slo-tpot-ms", str(slo_ms[1]),
     )  # fmt: skip
 
 

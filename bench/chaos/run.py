@@ -154,7 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     chosen = [f for name in args.faults.split(",") for f in FAULTS if f.name == name]
     with tempfile.TemporaryDirectory(prefix="pdserve-chaos-") as tmp:
-        cli = up_args(args.prefill, args.decode, 2, args.num_blocks)
+        slo_ms = (args.slo_ttft_ms, args.slo_tpot_ms)
+        cli = up_args(args.prefill, args.decode, 2, args.num_blocks, slo_ms)
         with running_up(Path(tmp), cli, ENV, START_TIMEOUT_S) as up:
             if args.soak is not None:
                 soaked = asyncio.run(run_soak(ChaosCluster(up), args))
