@@ -26,6 +26,9 @@ class RouterConfig:
     block_size: int = 16
     # Limits.
     max_concurrent_requests: int = 1024
+    # The limit follows the SLO between these two (state/admission.py, ConcurrencyLimiter).
+    adaptive_concurrency: bool = True
+    min_concurrent_requests: int = 4
     retry_after_s: int = 1
     # Refuse (429 / RESOURCE_EXHAUSTED) a request whose best predicted TTFT exceeds this
     # many times the TTFT objective (state/admission.py, SloShedding); 0 = never.
@@ -51,6 +54,7 @@ class RouterConfig:
     def __post_init__(self) -> None:
         normalize_policy_name(self.default_policy)
         _positive("max_concurrent_requests", self.max_concurrent_requests)
+        _positive("min_concurrent_requests", self.min_concurrent_requests)
         _positive("max_tokens_limit", self.max_tokens_limit)
         _positive("default_max_tokens", self.default_max_tokens)
         _positive("max_attempts", self.max_attempts)
