@@ -1,8 +1,8 @@
 """``python -m pdserve.bench.chaos``: faults under a steady load, one at a time, as a table.
 
-    python -m pdserve.bench.chaos [--faults decode-kill,freeze,...] [--rate 0.8]
+    python -m pdserve.bench.chaos [--faults decode-kill,freeze,...] [--rate 0.5]
                                   [--observe-s 60] [--window-s 10] [--json rows.json]
-    python -m pdserve.bench.chaos --soak MINUTES [--rate 0.8]
+    python -m pdserve.bench.chaos --soak MINUTES [--rate 0.5]
 
 It starts `pdserve up --prefill 2 --decode 2 --router-processes 2`, runs the load (see
 ``load.py``) through one fault-free pass over the dataset, whose answers become the
@@ -42,7 +42,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--faults", default=",".join(FAULT_NAMES), help="comma-separated, in order")
-    p.add_argument("--rate", type=float, default=0.8, help="requests per second (default 0.8)")
+    p.add_argument("--rate", type=float, default=0.5, help="requests per second (default 0.5)")
     p.add_argument("--requests", type=int, default=48, help="distinct requests (default 48)")
     p.add_argument("--observe-s", type=float, default=60.0, help="watch after a fault")
     p.add_argument("--window-s", type=float, default=10.0, help="goodput window")
