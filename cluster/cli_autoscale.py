@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve.cluster.settings import Settings
 
 if TYPE_CHECKING:
-    from pdserve.cluster.actuators import Actuator
+    from pdserve.cluster.actuators import Actuator, WorkerDrain
     from pdserve.cluster.autoscaler import AutoscaleSettings
 
 log = logging.getLogger("pdserve.autoscale")
@@ -107,6 +107,7 @@ def run_planner(args: argparse.Namespace) -> int:
     from pdserve.cluster.autoscaler import OrderedReplicas, RedisClusterView, build_autoscaler
     from pdserve.cluster.locality_index import LocalityIndex
     from pdserve.cluster.registry import WorkerRegistry
+    from pdserve.cluster.worker_drain import DrainConfig, RegistryDrain
     from pdserve.proto.redis_keys import RedisKeys
 
     logging.basicConfig(
@@ -119,8 +120,11 @@ def run_planner(args: argparse.Namespace) -> int:
     stored = client.get(keys.capacity_profile)
     text = stored.decode() if isinstance(stored, bytes) else stored
     settings = autoscale_settings(args, text)
-    ordered = OrderedReplicas(_actuator(args))
-    registry = WorkerRegistry(client, keys, Settings.from_env().lease_s)
+    env = Settings.from_env()
+    registry = WorkerRegistry(client, keys, env.lease_s)
+    # Drained before removal: settled once a heartbeat after the routers' refresh (0.25 s).
+    drain = RegistryDrain(registry, DrainConfig(env.drain_timeout_s, env.heartbeat_s + 0.5))
+    ordered = OrderedReplicas(_actuator(args, drain))
 
     index = LocalityIndex(client, keys)
     view = RedisClusterView(
@@ -136,14 +140,15 @@ def run_planner(args: argparse.Namespace) -> int:
         time.sleep(args.interval_s)
 
 
-def _actuator(args: argparse.Namespace) -> Actuator:
+def _actuator(args: argparse.Namespace, drain: WorkerDrain) -> Actuator:
     from pdserve.cluster.actuators import MetricsOnlyActuator
 
     if args.apply == "metrics":
         return MetricsOnlyActuator()
-    from pdserve.cluster.actuators.kubernetes import KubernetesActuator, KubernetesActuatorConfig
+    from pdserve.cluster.actuators.kubernetes import KubernetesActuator
+    from pdserve.cluster.actuators.kubernetes_client import KubernetesActuatorConfig
 
     config = KubernetesActuatorConfig(
         args.namespace, args.prefill_deployment, args.decode_deployment, host=args.kubernetes_host
     )
-    return KubernetesActuator.from_config(config)
+    return KubernetesActuator.from_config(config, drain)
