@@ -4,7 +4,9 @@ A worker process allocates an epoch (its incarnation number) once at start, regi
 then calls :meth:`WorkerRegistry.heartbeat` well inside the lease. A worker whose lease lapses
 is gone: :meth:`WorkerRegistry.list_workers` no longer returns it and the locality index stops
 counting its blocks. On ``LEASE_LOST`` (lease lapsed, or Redis restarted) the worker registers
-again and publishes a KV snapshot; see docs/redis-schema.md.
+again and publishes a KV snapshot; see docs/redis-schema.md. A worker about to be removed
+from outside its process is drained first (:meth:`WorkerRegistry.cordon`): listings leave it
+out while its heartbeats go on.
 """
 
 from __future__ import annotations
