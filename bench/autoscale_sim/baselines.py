@@ -77,11 +77,15 @@ class PlannerAutoscaler:
         window_s: float = 10.0,
         load: str = "goodput",
         target_utilization: float | None = None,
+        scale_down_sustain_s: float | None = None,
     ) -> None:
-        """``target_utilization``: the planner's operating point (None: its default)."""
+        """``target_utilization``, ``scale_down_sustain_s``: the planner's operating point
+        (None: its defaults)."""
         config = PlannerConfig(prefill=limits["prefill"], decode=limits["decode"])
         if target_utilization is not None:
             config = dataclasses.replace(config, target_utilization=target_utilization)
+        if scale_down_sustain_s is not None:
+            config = dataclasses.replace(config, scale_down_sustain_s=scale_down_sustain_s)
         self.planner = Planner(config, profile)
         self.interval_s, self.window_s, self.load = interval_s, window_s, load
         self._output_mean = 0.0

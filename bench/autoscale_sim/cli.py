@@ -47,7 +47,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--policies",
         default=None,
         help=f"comma-separated, of {', '.join(POLICIES + VARIANTS + REFERENCES)} and "
-        "planner:u=U[:b=B] (the planner at target utilization U, pools up to B x the peak's); "
+        "planner:u=U[:b=B][:hold=S] (the planner at target utilization U, pools up to B x "
+        "the peak's, scale-in after S s of fitting fewer); "
         f"default: the first four on every trace, the variants and --sweep on "
         f"{' and '.join(TARGET_TRACES)}",
     )

@@ -23,20 +23,28 @@ DEFAULT_BUDGET = 2.0
 
 @dataclass(frozen=True, slots=True)
 class OperatingPoint:
+    """``hold_s``: how long the load must fit one replica fewer before a scale-in
+    (``PlannerConfig.scale_down_sustain_s``; None: its default), which, held long, keeps
+    the pools of the last burst as a reserve for the next."""
+
     target_utilization: float
     budget: float = DEFAULT_BUDGET
+    hold_s: float | None = None
 
     @property
     def key(self) -> str:
-        """The policy name on the command line: ``planner:u=0.9`` or ``planner:u=1:b=0.5``."""
+        """The policy name on the command line: ``planner:u=0.9``, ``planner:u=1:b=0.5``,
+        ``planner:u=0.8:hold=2400``."""
         budget = "" if self.budget == DEFAULT_BUDGET else f":b={self.budget:g}"
-        return f"{PLANNER_KEY}:u={self.target_utilization:g}{budget}"
+        hold = "" if self.hold_s is None else f":hold={self.hold_s:g}"
+        return f"{PLANNER_KEY}:u={self.target_utilization:g}{budget}{hold}"
 
     @property
     def name(self) -> str:
         """The policy name in tables and plots."""
         budget = "" if self.budget == DEFAULT_BUDGET else f", pools ≤ {self.budget:g}× peak"
-        return f"pdserve planner at {self.target_utilization:.0%}{budget}"
+        hold = "" if self.hold_s is None else f", scale-in after {self.hold_s:g} s"
+        return f"pdserve planner at {self.target_utilization:.0%}{budget}{hold}"
 
     @classmethod
     def parse(cls, key: str) -> OperatingPoint | None:
@@ -45,9 +53,14 @@ class OperatingPoint:
         if head != PLANNER_KEY or not spec:
             return None
         fields = dict(part.split("=", 1) for part in spec.split(":") if "=" in part)
-        if not set(fields) <= {"u", "b"} or "u" not in fields:
-            raise ValueError(f"an operating point is planner:u=U[:b=B], got {key!r}")
-        return cls(float(fields["u"]), float(fields.get("b", DEFAULT_BUDGET)))
+        if not set(fields) <= {"u", "b", "hold"} or "u" not in fields:
+            raise ValueError(f"an operating point is planner:u=U[:b=B][:hold=S], got {key!r}")
+        hold = fields.get("hold")
+        return cls(
+            float(fields["u"]),
+            float(fields.get("b", DEFAULT_BUDGET)),
+            None if hold is None else float(hold),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,7 +92,12 @@ def make_autoscaler(policy: str, setup: Setup) -> Autoscaler | None:
     point = OperatingPoint.parse(policy)
     if point is not None:
         limits = planner_limits(setup.fixed, point.budget)
-        return PlannerAutoscaler(setup.profile, limits, target_utilization=point.target_utilization)
+        return PlannerAutoscaler(
+            setup.profile,
+            limits,
+            target_utilization=point.target_utilization,
+            scale_down_sustain_s=point.hold_s,
+        )
     if policy in ("planner", "planner-arrivals"):
         load = "arrivals" if policy == "planner-arrivals" else "goodput"
         return PlannerAutoscaler(setup.profile, planner_limits(setup.fixed), load=load)
@@ -106,8 +111,8 @@ def make_autoscaler(policy: str, setup: Setup) -> Autoscaler | None:
         warmup = setup.trace.warmup_s
         return OracleAutoscaler(lambda now: needed_series(setup, [now - warmup])[0][1:])
     raise ValueError(
-        f"policy must be one of {POLICIES + VARIANTS + REFERENCES} or planner:u=U[:b=B], got "
-        f"{policy!r}"
+        f"policy must be one of {POLICIES + VARIANTS + REFERENCES} or "
+        f"planner:u=U[:b=B][:hold=S], got {policy!r}"
     )
 
 

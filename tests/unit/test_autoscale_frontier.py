@@ -46,11 +46,12 @@ def test_best_within_is_a_run_that_spent_no_more() -> None:
 
 
 def test_operating_points_round_trip_through_their_keys() -> None:
-    for point in (OperatingPoint(0.9), OperatingPoint(1.0, 0.5)):
+    for point in (OperatingPoint(0.9), OperatingPoint(1.0, 0.5), OperatingPoint(0.8, hold_s=9)):
         assert OperatingPoint.parse(point.key) == point
     assert OperatingPoint(0.9).key == "planner:u=0.9"
     assert OperatingPoint(1.0, 0.5).key == "planner:u=1:b=0.5"
     assert OperatingPoint(1.0, 0.5).name == "pdserve planner at 100%, pools ≤ 0.5× peak"
+    assert OperatingPoint(0.8, hold_s=2400).key == "planner:u=0.8:hold=2400"
     assert OperatingPoint.parse("planner") is None and OperatingPoint.parse("fixed") is None
     for bad in ("planner:b=0.5", "planner:u=0.9:x=1"):
         with pytest.raises(ValueError, match="planner:u=U"):
