@@ -29,12 +29,14 @@ POLICIES = ("fixed", "planner", "reactive", "throughput")
 VARIANTS = ("planner-arrivals", "throughput-headroom")
 REFERENCES = ("oracle",)  # run only when asked for (--policies)
 # The planner's operating points beside its defaults (target utilization 0.8, pools up to
-# twice the peak's), tracing its attainment against its worker-hours (frontier.py).
+# twice the peak's), tracing its attainment against its worker-hours (frontier.py): down to
+# the reactive baseline's worker-hours on both target traces.
 SWEEP = (
     OperatingPoint(0.9),
     OperatingPoint(1.0),
     OperatingPoint(1.0, budget=0.7),
     OperatingPoint(1.0, budget=0.5),
+    OperatingPoint(1.0, budget=0.3),
 )
 POLICY_NAMES = {
     "fixed": "fixed (peak)",
