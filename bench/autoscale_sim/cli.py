@@ -178,10 +178,14 @@ def write(
     (args.out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
     if args.no_plots:
         return
+    swept = {r.policy for r in results if r.policy.startswith(report.PLANNER + " at ")}
     for trace in dict.fromkeys(r.trace for r in results):
-        plots.plot_trace([r for r in results if r.trace == trace], args.out / f"{trace}.png")
-    swept = [t for t in TARGET_TRACES if len(report.planner_runs(results, t)) > 1]
-    if swept:
-        plots.plot_frontier(results, swept, args.out / "frontier.png")
+        runs = [r for r in results if r.trace == trace and r.policy not in swept]
+        plots.plot_trace(
+            runs or [r for r in results if r.trace == trace], args.out / f"{trace}.png"
+        )
+    traces = [t for t in TARGET_TRACES if len(report.planner_runs(results, t)) > 1]
+    if traces:
+        plots.plot_frontier(results, traces, args.out / "frontier.png")
     if comparisons:
         plots.plot_distserve(comparisons, args.out / "distserve.png")
