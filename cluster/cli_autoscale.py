@@ -34,6 +34,9 @@ def add_autoscale_arguments(p: argparse.ArgumentParser, metrics_flag: str) -> No
     add("--max-prefill", type=int, default=8, help="autoscaling: most prefill workers")
     add("--min-decode", type=int, default=1, help="autoscaling: fewest decode workers")
     add("--max-decode", type=int, default=8, help="autoscaling: most decode workers")
+    add("--target-utilization", type=float, default=0.8,
+        help="share of a worker's profiled capacity the pools are sized for: the operating "
+        "point between worker-hours and headroom (default 0.8)")  # fmt: skip
     add("--scale-up-cooldown-s", type=float, default=30.0,
         help="seconds between scale-ups, unless KV or the queue runs out (default 30)")  # fmt: skip
     add("--scale-down-cooldown-s", type=float, default=120.0,
@@ -60,6 +63,7 @@ def autoscale_settings(args: argparse.Namespace, stored_profile: str | None) -> 
     planner = PlannerConfig(
         prefill=PoolLimits(args.min_prefill, args.max_prefill),
         decode=PoolLimits(args.min_decode, args.max_decode),
+        target_utilization=args.target_utilization,
         scale_up_cooldown_s=args.scale_up_cooldown_s,
         scale_down_cooldown_s=args.scale_down_cooldown_s,
         scale_down_sustain_s=args.scale_down_after_s,

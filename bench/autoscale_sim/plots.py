@@ -85,7 +85,7 @@ def plot_frontier(results: Sequence[RunResult], traces: Sequence[str], path: Pat
         ax.set_xlabel("worker-hours")
         ax.set_ylabel("SLO met (%)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

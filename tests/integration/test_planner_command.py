@@ -168,12 +168,20 @@ def test_planner_scale_in_drains_and_removes_the_pods_it_chose(
     assert [w.worker_id for w in registry.list_workers()] == ["pd-decode-a", "pd-prefill-a"]
 
 
+@pytest.mark.parametrize(("utilization", "decode"), [(None, 3), ("1.0", 2)])
 def test_planner_exports_its_decision_for_hpa_or_keda(
-    redis_server: RedisServer, cluster: RedisKeys, stop_after: list[subprocess.Popen[bytes]]
+    redis_server: RedisServer,
+    cluster: RedisKeys,
+    stop_after: list[subprocess.Popen[bytes]],
+    utilization: str | None,
+    decode: int,
 ) -> None:
+    # 400 output tokens/s at 200 per replica: 3 replicas at the default target utilization
+    # 0.8, 2 at 1.0.
     port = free_loopback_port()
+    operating_point = ("--target-utilization", utilization) if utilization else ()
     proc = _planner(redis_server.url, cluster, "--apply", "metrics", "--host", "127.0.0.1",
-                    "--metrics-port", str(port))  # fmt: skip
+                    "--metrics-port", str(port), *operating_point)  # fmt: skip
     stop_after.append(proc)
 
     def desired_decode() -> bool:
@@ -181,7 +189,7 @@ def test_planner_exports_its_decision_for_hpa_or_keda(
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1.0).text
         except httpx.HTTPError:
             return False
-        return 'pdserve_planner_desired_replicas{pool="decode"} 3.0' in text
+        return f'pdserve_planner_desired_replicas{{pool="decode"}} {decode}.0' in text
 
     _wait(desired_decode, 60, proc)
 
