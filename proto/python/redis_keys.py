@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 WORKER_NS = "worker:"
 WORKERS_SET = "workers"
+DRAINING_NS = "draining:"
 EPOCH_COUNTER = "epoch_counter"
 RUN_ID = "run_id"
 BLOCK_BITS_NS = "idx:bits:"
@@ -101,6 +102,11 @@ class RedisKeys:
     def workers(self) -> str:
         """SET: ids that registered; members whose lease lapsed are pruned on listing."""
         return self.prefix + WORKERS_SET
+
+    def draining(self, worker_id: str) -> str:
+        """STRING: present while a worker is drained for removal (the router routes nothing
+        to it); expires on its own, so a scale-in that never came gives the worker back."""
+        return self.prefix + DRAINING_NS + worker_id
 
     @property
     def epoch_counter(self) -> str:

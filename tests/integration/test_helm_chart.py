@@ -584,11 +584,14 @@ def test_planner_rbac_is_limited_to_its_two_workloads() -> None:
     workloads = {name(pool) for pool in POOLS}
     assert workloads <= set(of_kind(docs, "Deployment"))
     (role,) = of_kind(docs, "Role").values()
-    (rule,) = role["rules"]
+    rule, pods = role["rules"]
     assert rule["apiGroups"] == ["apps"]
     assert rule["resources"] == ["deployments/scale"]
     assert sorted(rule["verbs"]) == ["get", "patch", "update"]
     assert sorted(rule["resourceNames"]) == sorted(workloads)
+    # The scale-in's pod choice: list and patch pods, nothing more (RBAC cannot narrow pods
+    # by label; the planner keeps to its workloads' selectors in code).
+    assert pods == {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}
     assert of_kind(docs, "ClusterRole") == {} and of_kind(docs, "ClusterRoleBinding") == {}
     (binding,) = of_kind(docs, "RoleBinding").values()
     assert binding["roleRef"] == {
@@ -610,6 +613,16 @@ def test_planner_rbac_is_limited_to_its_two_workloads() -> None:
     assert arg_value(planner, "--decode-deployment") == name("decode")
     assert arg_value(planner, "--namespace") == "$(POD_NAMESPACE)"
     assert arg_value(planner, "--max-decode") == "8"
+    # It waits for a drained worker as long as a worker drains on SIGTERM.
+    assert env_of(planner)["PDSERVE_DRAIN_TIMEOUT_S"]["value"] == "20"
+    assert "--grace-s=20" in container(docs, "decode")["args"]
+    # A worker's id is its pod's name: how the planner finds the pod of the worker it drained.
+    for pool in POOLS:
+        worker = container(docs, pool)
+        assert arg_value(worker, "--worker-id") == "$(POD_NAME)"
+        assert env_of(worker)["POD_NAME"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.name"}
+        }
     assert one(docs, "Deployment", name("planner"))["spec"]["replicas"] == 1
     # The planner owns the replica counts: the chart leaves them out.
     assert _worker_replicas(docs) == {"prefill": None, "decode": None}
