@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from pdserve.engine.config import CacheConfig
+from pdserve.engine.tiers.codec import codec_for
 from pdserve.engine.tiers.disk import DiskTier
-from pdserve.engine.tiers.disk_format import BlockShape
 from pdserve.engine.tiers.host import HostTier
 from pdserve.engine.tiers.store import TierStore
 
@@ -17,8 +17,14 @@ def build_tiers(config: CacheConfig, pool: torch.Tensor, model_id: str) -> TierS
     """The tiers ``config`` asks for around ``pool``, or None when it asks for none."""
     if config.host_tier_bytes == 0 and config.disk_tier_path is None:
         return None
+    codec = codec_for(pool)
     disk = None
     if config.disk_tier_path is not None:
-        shape = BlockShape.of_pool(pool)
-        disk = DiskTier(config.disk_tier_path, config.disk_tier_bytes, model_id, shape)
-    return TierStore(HostTier(config.host_tier_bytes), disk, config.block_size)
+        disk = DiskTier(
+            config.disk_tier_path,
+            config.disk_tier_bytes,
+            model_id,
+            codec.shape,
+            codec.record_bytes(),
+        )
+    return TierStore(HostTier(config.host_tier_bytes), disk, config.block_size, codec)

@@ -1,4 +1,5 @@
-"""The disk tier: one checksummed file per block under a directory, bounded in bytes, LRU.
+"""The disk tier: one checksummed file per block record (``codec.py``) under a directory,
+bounded in bytes, LRU.
 
 Files are written whole to a temporary name and renamed, so a crash leaves either the old
 state or a complete file (plus a ``.tmp`` that the next start deletes). At start the tier
@@ -13,6 +14,8 @@ import logging
 import os
 from pathlib import Path
 
+import torch
+
 from pdserve.engine.kv_cache.hashing import BlockHash
 from pdserve.engine.kv_cache.tiers import LruBytes
 from pdserve.engine.tiers.disk_format import (
@@ -22,11 +25,8 @@ from pdserve.engine.tiers.disk_format import (
     TierFileHeader,
     decode_file,
     decode_header,
-    decode_payload,
     encode_file,
-    encode_payload,
 )
-from pdserve.kv_codec import Int8Blocks
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +42,22 @@ def write_file(path: Path, data: bytes) -> None:
 
 
 class DiskTier:
-    """Blocks of one model and block shape, as files under ``directory``."""
+    """Block records of one model and block shape, ``payload_bytes`` each, as files under
+    ``directory``."""
 
     def __init__(
-        self, directory: str | Path, capacity_bytes: int, model_id: str, shape: BlockShape
+        self,
+        directory: str | Path,
+        capacity_bytes: int,
+        model_id: str,
+        shape: BlockShape,
+        payload_bytes: int,
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._model_id = model_id
         self._shape = shape
+        self._payload_bytes = payload_bytes
         self._lru = LruBytes(capacity_bytes)
         self.stopped = False
         self._index_existing()
@@ -65,11 +72,13 @@ class DiskTier:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def put(self, block_hash: BlockHash, q: Int8Blocks) -> int:
-        """Store ``q`` as most recent; return the bytes written (0 once stopped or failed)."""
+    def put(self, block_hash: BlockHash, record: torch.Tensor) -> int:
+        """Store ``record`` as most recent; return the bytes written (0 once stopped or
+        failed)."""
         if self.stopped:
             return 0
-        data = encode_file(block_hash, self._model_id, self._shape, encode_payload(q))
+        payload = record.numpy().tobytes()
+        data = encode_file(block_hash, self._model_id, self._shape, payload)
         try:
             write_file(self._path(block_hash), data)
         except OSError as err:
@@ -80,8 +89,8 @@ class DiskTier:
             self._delete(evicted)
         return len(data)
 
-    def get(self, block_hash: BlockHash) -> tuple[Int8Blocks, int] | None:
-        """The block and the bytes read, or None (not held, or its file failed its checks:
+    def get(self, block_hash: BlockHash) -> tuple[torch.Tensor, int] | None:
+        """The record and the bytes read, or None (not held, or its file failed its checks:
         then the file is logged and deleted)."""
         if block_hash not in self._lru:
             return None
@@ -98,7 +107,7 @@ class DiskTier:
             self._unlink(path)
             return None
         self._lru.touch(block_hash)
-        return decode_payload(payload, self._shape), len(data)
+        return torch.frombuffer(bytearray(payload), dtype=torch.uint8), len(data)
 
     # -- internals ---------------------------------------------------------------------
     def _path(self, block_hash: BlockHash) -> Path:
@@ -118,10 +127,9 @@ class DiskTier:
             raise TierFileError(
                 f"holds {header.model_id} {header.shape}, not {self._model_id} {self._shape}"
             )
-        if header.payload_bytes != self._shape.payload_bytes():
+        if header.payload_bytes != self._payload_bytes:
             raise TierFileError(
-                f"payload of {header.payload_bytes} bytes, the shape needs "
-                f"{self._shape.payload_bytes()}"
+                f"payload of {header.payload_bytes} bytes, the shape needs {self._payload_bytes}"
             )
 
     def _index_existing(self) -> None:

@@ -1,4 +1,4 @@
-"""One file per block on the disk tier: a small header, then the int8 payload.
+"""One file per block on the disk tier: a small header, then the block's record (``codec.py``).
 
     offset  size  field
     0       4     magic b"PDKT"
@@ -8,11 +8,12 @@
     16      4     num_layers     \\
     20      4     block_size      |  the block shape the payload has
     24      4     num_kv_heads    |
-    28      4     head_dim       /
+    28      4     head_dim       /   (an int8 pool's: its rows' bytes, values and scale)
     32      8     payload length
     40      4     crc32 of the payload
     44      m     model id (utf-8)
-    44 + m  ...   payload: k_scales (bf16), v_scales (bf16), values (int8), as in kv_codec
+    44 + m  ...   payload: the record; from a float pool k_scales (bf16), v_scales (bf16),
+                  values (int8) as in kv_codec, from an int8 pool the block as it was stored
 
 All integers little-endian. A file whose length is not ``header + payload length`` is
 truncated; a payload whose crc32 differs is corrupt.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.engine.kv_cache.hashing import BlockHash
-from pdserve.kv_codec import SCALE_DTYPE, Int8Blocks
+from pdserve.kv_codec import SCALE_DTYPE
 
 MAGIC = b"PDKT"
 VERSION = 1
@@ -49,10 +50,13 @@ class BlockShape:
 
     @classmethod
     def of_pool(cls, pool: torch.Tensor) -> BlockShape:
+        """The pool tensor's block shape: an int8 pool's row (values and scale) as head_dim,
+        so its files and a float pool's never pass for each other."""
         _num_blocks, layers, _two, block_size, heads, head_dim = pool.shape
         return cls(layers, block_size, heads, head_dim)
 
     def payload_bytes(self) -> int:
+        """Bytes of a float pool block's quantized record."""
         scales = self.num_layers * self.num_kv_heads * (self.head_dim + self.block_size)
         values = self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
         return scales * SCALE_DTYPE.itemsize + values
@@ -69,24 +73,6 @@ class TierFileHeader:
     @property
     def header_bytes(self) -> int:
         return _FIXED.size + len(self.model_id.encode())
-
-
-def encode_payload(q: Int8Blocks) -> bytes:
-    """One quantized block (``n == 1``) as payload bytes."""
-    parts = (q.k_scales, q.v_scales, q.values)
-    return b"".join(p.contiguous().view(torch.uint8).numpy().tobytes() for p in parts)
-
-
-def decode_payload(payload: bytes, shape: BlockShape) -> Int8Blocks:
-    raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    layers, bs, heads, dim = shape.num_layers, shape.block_size, shape.num_kv_heads, shape.head_dim
-    k_end = layers * heads * dim * SCALE_DTYPE.itemsize
-    v_end = k_end + layers * bs * heads * SCALE_DTYPE.itemsize
-    return Int8Blocks(
-        values=raw[v_end:].view(torch.int8).reshape(1, layers, 2, bs, heads, dim),
-        k_scales=raw[:k_end].view(SCALE_DTYPE).reshape(1, layers, heads, dim),
-        v_scales=raw[k_end:v_end].view(SCALE_DTYPE).reshape(1, layers, bs, heads),
-    )
 
 
 def encode_file(block_hash: BlockHash, model_id: str, shape: BlockShape, payload: bytes) -> bytes:

@@ -1,6 +1,7 @@
 """The tiers under the pool, tensor side: eviction into host memory then disk (LRU, bounded),
 loads back into the pool, checksummed files (corrupt or truncated: dropped, logged, deleted),
-a full disk stopping only the disk tier, and a restart indexing the files it finds."""
+a full disk stopping only the disk tier, a restart indexing the files it finds, and an int8
+pool's blocks kept as they are."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import pytest
 import torch
 
 from pdserve.engine.tiers import disk as disk_module
+from pdserve.engine.tiers.codec import QuantizedRecords, codec_for
 from pdserve.engine.tiers.disk import SUFFIX, DiskTier
 from pdserve.engine.tiers.disk_format import BlockShape
 from pdserve.engine.tiers.host import HostTier
 from pdserve.engine.tiers.store import TierStore
-from pdserve.kv_codec import dequantize_blocks, quantize_blocks
+from pdserve.kv_codec import dequantize_blocks, quantize_blocks, quantize_rows
 
 # pool: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
 POOL_SHAPE = (6, 2, 2, 4, 1, 8)
@@ -32,8 +34,9 @@ def _pool() -> torch.Tensor:
 
 def _store(tmp_path: Path, host_blocks: int, disk_blocks: int) -> TierStore:
     file_bytes = _file_bytes()
-    disk = DiskTier(tmp_path, disk_blocks * file_bytes, "model-a", SHAPE)
-    return TierStore(HostTier(host_blocks * BLOCK_INT8_BYTES), disk, block_size=4)
+    disk = DiskTier(tmp_path, disk_blocks * file_bytes, "model-a", SHAPE, SHAPE.payload_bytes())
+    codec = QuantizedRecords(SHAPE)
+    return TierStore(HostTier(host_blocks * BLOCK_INT8_BYTES), disk, block_size=4, codec=codec)
 
 
 def _file_bytes() -> int:
@@ -120,7 +123,7 @@ def test_a_restart_indexes_good_files_and_drops_truncated_ones(
 
 def test_another_models_files_are_not_served(tmp_path: Path) -> None:
     _store(tmp_path, host_blocks=0, disk_blocks=4).sync(_pool(), [(0, 100)], [])
-    other = DiskTier(tmp_path, 10**6, "model-b", SHAPE)
+    other = DiskTier(tmp_path, 10**6, "model-b", SHAPE, SHAPE.payload_bytes())
     assert 100 not in other
 
 
@@ -141,3 +144,30 @@ def test_a_full_disk_stops_only_the_disk_tier(
     assert store.holds(103) and not store.holds(100), "host memory still serves"
     store.sync(pool, [], [(4, 103)])
     assert store.stats().host_hit_tokens == 4
+
+
+def test_an_int8_pools_blocks_come_back_as_they_left(tmp_path: Path) -> None:
+    """From host memory and from disk (a new tier indexing the files too), an int8 pool's
+    block is kept byte for byte, values and scales; the float pool's files, of another
+    shape, are not served to it."""
+    pool = quantize_rows(_pool())  # [blocks, L, 2, bs, H, D + 2] int8
+    original = pool.clone()
+    codec = codec_for(pool)
+    assert codec.record_bytes() == pool[0].numel()
+    _store(tmp_path / "float", host_blocks=0, disk_blocks=4).sync(_pool(), [(0, 100)], [])
+
+    def int8_store(directory: Path, host_blocks: int) -> TierStore:
+        file_bytes = codec.record_bytes() + 44 + len("model-a")
+        disk = DiskTier(directory, 4 * file_bytes, "model-a", codec.shape, codec.record_bytes())
+        return TierStore(HostTier(host_blocks * codec.record_bytes()), disk, 4, codec)
+
+    store = int8_store(tmp_path / "int8", host_blocks=1)
+    store.sync(pool, [(0, 200), (1, 201)], [])  # 200 on disk, 201 in host memory
+    assert store.holds(200) and store.holds(201)
+    store.sync(pool, [], [(4, 200), (5, 201)])
+    assert torch.equal(pool[4], original[0]) and torch.equal(pool[5], original[1])
+    restarted = int8_store(tmp_path / "int8", host_blocks=1)
+    assert restarted.holds(200)
+    restarted.sync(pool, [], [(3, 200)])
+    assert torch.equal(pool[3], original[0])
+    assert not int8_store(tmp_path / "float", host_blocks=0).holds(100)
