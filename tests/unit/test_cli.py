@@ -219,3 +219,46 @@ def test_help_shows_the_tier_flags(command: str, capsys: pytest.CaptureFixture[s
     out = capsys.readouterr().out
     for flag in ("--kv-host-tier-bytes SIZE", "--kv-disk-tier-path DIR", "--kv-disk-tier-bytes"):
         assert flag in out, (command, flag)
+
+
+def test_kv_cache_dtype_reaches_every_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--kv-cache-dtype int8``: the worker server's cache config, every worker that
+    ``pdserve up`` starts (prefill, decode, colocated) and ``pdserve worker``'s server."""
+    argv = ["--role", "decode", "--kv-cache-dtype", "int8"]
+    _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
+    assert engine.cache.kv_cache_dtype == "int8"
+    launch = build_up_config(_up_args("--kv-cache-dtype", "int8"), Settings.from_env()).worker
+    for role in ("prefill", "decode", "colocated"):
+        server_argv = launch.for_worker(role, f"{role}-0").worker.server_args()
+        _server, engine, _transfer, _decode = configs_from_args(
+            worker_parser().parse_args(server_argv)
+        )
+        assert engine.cache.kv_cache_dtype == "int8", role
+    default = build_up_config(_up_args(), Settings.from_env()).worker
+    server_argv = default.for_worker("decode", "decode-0").worker.server_args()
+    _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(server_argv))
+    assert engine.cache.kv_cache_dtype == "auto"
+
+    launched: list[WorkerSpec] = []
+
+    class Stop(Exception):
+        pass
+
+    def host(spec: WorkerSpec, _register: object) -> None:
+        launched.append(spec)
+        raise Stop
+
+    monkeypatch.setattr("pdserve.worker.host.WorkerHost", host)
+    with pytest.raises(Stop):
+        main(["worker", "--role", "decode", "--redis-url", "redis://x", "--kv-cache-dtype", "int8"])
+    _server, engine, _transfer, _decode = configs_from_args(
+        worker_parser().parse_args(launched[0].server_args())
+    )
+    assert engine.cache.kv_cache_dtype == "int8"
+
+
+def test_a_bad_kv_cache_dtype_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "x", "--kv-cache-dtype", "fp8"])
+    err = capsys.readouterr().err
+    assert "--kv-cache-dtype: invalid choice: 'fp8'" in err and "'int8'" in err, err
