@@ -137,15 +137,33 @@ def test_prefill_then_decode_into_an_int8_pool(
     through kv_transfer (in-process), as int8: as stored from an int8 pool, and the decode
     goes on exactly as in one int8 engine; quantized by the sender from an fp32 pool (whose
     prefill attended unquantized K/V), within the bound above."""
-    prefill = LLM(loaded=loaded, kv_cache_dtype=prefill_pool).engine
-    decode = LLM(loaded=loaded, kv_cache_dtype="int8").engine
+    outputs = handoff_greedy(loaded, prompt_ids, prefill_pool)
+    if prefill_pool == "int8":
+        assert outputs == int8_greedy
+        return
+    leading = leading_agreement(outputs, int8_greedy)
+    assert min(leading) >= MIN_LEADING_TOKENS, leading
+    assert sum(leading) >= MIN_LEADING_SHARE * SHORT.max_tokens * len(leading), leading
+
+
+def handoff_greedy(
+    loaded: LoadedModel,
+    prompts: list[list[int]],
+    prefill_pool: str,
+    params: SamplingParams = SHORT,
+) -> list[list[int]]:
+    """Greedy tokens of each prompt prefilled by an engine with a ``prefill_pool`` pool and
+    decoded by one with an int8 pool, the KV moved between them through kv_transfer's
+    in-process backend (each block as int8: checked)."""
+    prefill = LLM(loaded=loaded, dtype=loaded.dtype, kv_cache_dtype=prefill_pool).engine
+    decode = LLM(loaded=loaded, dtype=loaded.dtype, kv_cache_dtype="int8").engine
     mover = KVMover(prefill.runner.kv_cache, decode.runner.kv_cache)
     int8_block_bytes = bytes_per_block(decode.model_config, 16, torch.int8)
     outputs = []
     try:
-        for i, ids in enumerate(prompt_ids):
+        for i, ids in enumerate(prompts):
             rid = f"r{i}"
-            prefill.add_prefill_request(rid, ids, SHORT)
+            prefill.add_prefill_request(rid, ids, params)
             first = [o for o in _drain(prefill) if o.request_id == rid]
             reservation = decode.reserve_import(rid, ids)
             assert reservation is not None
@@ -153,17 +171,12 @@ def test_prefill_then_decode_into_an_int8_pool(
             moved = mover.move(src, reservation.block_ids, int8=False)
             assert moved == len(src) * int8_block_bytes
             prefill.release(rid)
-            assert decode.admit_imported(rid, ids, SHORT, first[0].token_ids[0])
+            assert decode.admit_imported(rid, ids, params, first[0].token_ids[0])
             rest = [t for o in _drain(decode) if o.request_id == rid for t in o.token_ids]
             outputs.append([first[0].token_ids[0], *rest])
     finally:
         mover.close()
-    if prefill_pool == "int8":
-        assert outputs == int8_greedy
-        return
-    leading = leading_agreement(outputs, int8_greedy)
-    assert min(leading) >= MIN_LEADING_TOKENS, leading
-    assert sum(leading) >= MIN_LEADING_SHARE * SHORT.max_tokens * len(leading), leading
+    return outputs
 
 
 def test_moved_slots_take_their_scales(smollm2_model: Any) -> None:
