@@ -530,6 +530,13 @@ static float *scratch_alloc(Scratch *sc, int64_t rows, int64_t head_dim, int64_t
     return base;
 }
 
+/* The portable code for element type T on the scaled query rows in sc->q: its head_dim-64
+ * copy or the generic one. */
+#define RUN_PORTABLE(T)                                                                        \
+    (geo->head_dim == 64 ? seq_##T##_64 : seq_##T##_any)(geo, pool, table, len, h0, nh, after, \
+                                                          sc->q, sc->scores, sc->acc, sc->m,    \
+                                                          sc->l)
+
 /* An item over an int8 pool: the query rows widened to fp32, the AVX-512 code for head_dim
  * 64 where it is built (else the portable code, on rows scaled here), the output rounded to
  * the query's dtype. */
@@ -548,12 +555,7 @@ static void run_int8_item(const Geometry *geo, int dtype, const void *q_src, con
 #endif
     {
         for (int64_t i = 0; i < n; ++i) sc->q[i] *= scale;
-        if (D == 64)
-            seq_int8_64(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc, sc->m,
-                        sc->l);
-        else
-            seq_int8_any(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc,
-                         sc->m, sc->l);
+        RUN_PORTABLE(int8);
     }
     if (dtype == KV_FLOAT32) {
         memcpy(out_dst, sc->acc, (size_t)n * sizeof(float));
@@ -586,12 +588,7 @@ static void run_item(const Geometry *geo, int dtype, int kv_format, const void *
 #endif
         {
             for (int64_t i = 0; i < n; ++i) sc->q[i] = qs[i] * scale;
-            if (D == 64)
-                seq_f32_64(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc, sc->m,
-                           sc->l);
-            else
-                seq_f32_any(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc,
-                            sc->m, sc->l);
+            RUN_PORTABLE(f32);
         }
         memcpy(out_dst, sc->acc, (size_t)n * sizeof(float));
     } else {
@@ -604,12 +601,7 @@ static void run_item(const Geometry *geo, int dtype, int kv_format, const void *
 #endif
         {
             for (int64_t i = 0; i < n; ++i) sc->q[i] = bf16_to_f32(qs[i]) * scale;
-            if (D == 64)
-                seq_bf16_64(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc,
-                            sc->m, sc->l);
-            else
-                seq_bf16_any(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc,
-                             sc->m, sc->l);
+            RUN_PORTABLE(bf16);
         }
         uint16_t *o = out_dst;
         for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(sc->acc[i]);

@@ -26,7 +26,7 @@ from pdserve.engine import LLM, SamplingParams
 from pdserve.engine.model.loader import load_model
 from pdserve.engine.runner import ModelRunner, allocate_kv_cache, bytes_per_block
 from pdserve.engine.worker_state import LoadedModel
-from tests.integration.test_engine_greedy import DRAFT, PROMPTS
+from tests.integration.test_engine_greedy import DRAFT, PROMPTS, _drain
 
 pytestmark = pytest.mark.slow
 
@@ -194,10 +194,3 @@ def test_moved_slots_take_their_scales(smollm2_model: Any) -> None:
     for dst in (5, 6, 17):
         moved[dst // 16, :, :, dst % 16] = True
     assert torch.equal(pool[~moved], before[~moved])
-
-
-def _drain(engine: Any) -> list[Any]:
-    outputs = []
-    while engine.has_unfinished():
-        outputs.extend(engine.step())
-    return outputs
