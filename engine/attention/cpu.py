@@ -30,6 +30,10 @@ has no AMX; otherwise with torch's flash kernel, where a chunk starting at posit
 to its own fresh K/V with ``is_causal`` (no gather) and a later chunk gathers only the cached
 prefix and merges two unmasked calls (``cpu_prefill.py``). With AMX, bf16 keeps torch's
 kernel: it runs bf16 on AMX tiles, faster than our kernel's fp32 arithmetic.
+
+Over an int8 pool (``kv_format.py``) the store quantizes the step's K/V, both native kernels
+read the int8 rows and their scales in place, and the torch paths dequantize what they gather
+and attend a chunk's own K/V as the pool stored them, as the kernels do.
 """
 
 from __future__ import annotations
