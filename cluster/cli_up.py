@@ -12,7 +12,11 @@ from pdserve.cluster.cpu_affinity import parse_cpu_affinity
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
 from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
-from pdserve.engine.kv_cache.tier_options import add_kv_tier_arguments, kv_tier_settings
+from pdserve.engine.kv_cache.tier_options import (
+    add_kv_cache_dtype_argument,
+    add_kv_tier_arguments,
+    kv_tier_settings,
+)
 from pdserve.engine.speculative.options import (
     add_speculative_arguments,
     speculative_config,
@@ -52,6 +56,7 @@ def add_parser(sub: Any) -> None:
         "--ray-address)")  # fmt: skip
     add("--num-blocks", type=int, default=None, help="KV pool blocks per worker")
     add("--block-size", type=int, default=16)
+    add_kv_cache_dtype_argument(p)
     add("--worker-arg", action="append", default=[], metavar="ARG",
         help="extra flag for every worker (see python -m pdserve.worker.server -h)")  # fmt: skip
     add("--policy", default=None, help="default routing policy of the router")
@@ -118,7 +123,10 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         heartbeat_s=settings.heartbeat_s,
         publish_interval_s=settings.publish_interval_s,
     )
-    worker_args = ["--block-size", str(args.block_size), *args.worker_arg]
+    worker_args = [
+        "--block-size", str(args.block_size), "--kv-cache-dtype", args.kv_cache_dtype,
+        *args.worker_arg,
+    ]  # fmt: skip
     if args.num_blocks is not None:
         worker_args += ["--num-blocks", str(args.num_blocks)]
     speculation = speculative_flags(speculative_config(args))

@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from pdserve.kv_transfer.convert import converts
 from pdserve.kv_transfer.handshake import AUTH_SCHEME
 from pdserve.kv_transfer.layout import KVPoolLayout
 from pdserve.kv_transfer.wire import VERSION as WIRE_VERSION
@@ -80,8 +81,9 @@ def decode_peer(data: bytes, backend: str) -> PeerInfo:
 def check_peer(
     ours: KVPoolLayout, peer: PeerInfo, dst_block_ids: tuple[int, ...], int8: bool
 ) -> None:
-    """Sender-side check, before any byte moves: same block format, ids fit, int8 accepted."""
-    if not ours.same_block_format(peer.layout):
+    """Sender-side check, before any byte moves: the same block format (or one the sender
+    converts to: ``convert.py``), ids fit, int8 accepted."""
+    if not (ours.same_block_format(peer.layout) or converts(ours, peer.layout)):
         raise ValueError(
             f"peer pool format differs: ours {ours.describe()}, peer {peer.layout.describe()}"
         )

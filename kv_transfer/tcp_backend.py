@@ -1,12 +1,12 @@
 """TCP fallback backend: one connection per transfer, framed by the wire header.
 
-The sender connects, streams ``header | record * n`` and waits for a one-message ack; the
-receiver validates the header against its pool and ``expect`` before it reads a record,
-then reads plain records straight into the destination blocks (no staging copy) and int8
-records through a small buffer. A closed or silent connection fails the transfer on both
-sides within ``io_timeout_s`` (and always by ``timeout_s``). With an ``auth_key`` both ends
-first pass the handshake of handshake.py: a connection that fails it is closed before its
-header is read.
+The sender connects, streams ``header | record * n`` (records in the receiver's pool format:
+``convert.py``) and waits for a one-message ack; the receiver validates the header against
+its pool and ``expect`` before it reads a record, then reads plain records straight into the
+destination blocks (no staging copy) and int8 records through a small buffer. A closed or
+silent connection fails the transfer on both sides within ``io_timeout_s`` (and always by
+``timeout_s``). With an ``auth_key`` both ends first pass the handshake of handshake.py: a
+connection that fails it is closed before its header is read.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from pdserve.kv_transfer import quant
 from pdserve.kv_transfer.config import TransferConfig
 from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.convert import convert_blocks
 from pdserve.kv_transfer.endpoints import ReceiverBase, SenderBase
 from pdserve.kv_transfer.expectations import Expectation
 from pdserve.kv_transfer.handshake import (
@@ -117,7 +118,7 @@ class TcpSender(SenderBase):
 
     def _records(self, header: TransferHeader, src: tuple[int, ...]) -> Iterator[memoryview]:
         """Each block's wire record, in order, as a byte buffer."""
-        if not header.int8:
+        if not header.int8 and header.dtype == self.pool.dtype:
             view = pool_bytes(self.pool)  # [num_blocks, block_bytes]
             for block in src:
                 yield memoryview(view[block])
@@ -125,7 +126,11 @@ class TcpSender(SenderBase):
         layout = KVPoolLayout.of_pool(self.pool)
         for start in range(0, len(src), _INT8_CHUNK_BLOCKS):
             index = torch.tensor(src[start : start + _INT8_CHUNK_BLOCKS], dtype=torch.long)
-            records = quant.encode_records(self.pool.index_select(0, index), layout).numpy()
+            blocks = self.pool.index_select(0, index)
+            if header.int8:
+                records = quant.encode_records(blocks, layout).numpy()
+            else:  # the receiver's pool format (convert.py)
+                records = pool_bytes(convert_blocks(blocks, header.layout(len(index))))
             for row in records:
                 yield memoryview(row)
 

@@ -40,7 +40,11 @@ from pdserve.decode_worker.config import DecodeConfig
 from pdserve.decode_worker.service import DecodeService
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.config import CacheConfig, EngineConfig
-from pdserve.engine.kv_cache.tier_options import add_kv_tier_arguments, kv_tier_settings
+from pdserve.engine.kv_cache.tier_options import (
+    add_kv_cache_dtype_argument,
+    add_kv_tier_arguments,
+    kv_tier_settings,
+)
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.scheduler import SchedulerConfig
 from pdserve.engine.speculative.config import SpeculativeConfig
@@ -341,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-backend", default="nixl", choices=["nixl", "tcp"])
     add("--num-blocks", type=int, default=None, help="KV pool blocks (default: by memory)")
     add("--block-size", type=int, default=16)
+    add_kv_cache_dtype_argument(p)
     add("--max-num-seqs", type=int, default=64)
     add("--max-num-batched-tokens", type=int, default=2048)
     add("--no-prefix-caching", action="store_true")
@@ -390,6 +395,7 @@ def configs_from_args(
         cache=CacheConfig(
             block_size=args.block_size,
             num_blocks=args.num_blocks,
+            kv_cache_dtype=args.kv_cache_dtype,
             enable_prefix_caching=not args.no_prefix_caching,
             **kv_tier_settings(args),
         ),

@@ -77,10 +77,11 @@ def plot_frontier(results: Sequence[RunResult], traces: Sequence[str], path: Pat
             ax.annotate(label.replace(", pools ≤ ", "\n≤ "), (r.worker_hours, 100 * r.attainment),
                         fontsize=6, xytext=(3, -9), textcoords="offset points")  # fmt: skip
         names = {r.policy for r in runs}
-        for r in results:
-            if r.trace == trace and r.policy not in names:
-                color, _ = STYLES.get(r.policy, ("black", "-"))
-                ax.plot(r.worker_hours, 100 * r.attainment, "s", color=color, label=r.policy)
+        for other in results:
+            if other.trace == trace and other.policy not in names:
+                color, _ = STYLES.get(other.policy, ("black", "-"))
+                ax.plot(other.worker_hours, 100 * other.attainment, "s", color=color,
+                        label=other.policy)  # fmt: skip
         ax.set_title(f"{trace}: SLO attainment against worker-hours")
         ax.set_xlabel("worker-hours")
         ax.set_ylabel("SLO met (%)")

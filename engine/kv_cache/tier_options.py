@@ -1,9 +1,11 @@
-"""The KV tier flags, shared by every command that runs an engine.
+"""The KV pool and tier flags, shared by every command that runs an engine.
 
-``add_kv_tier_arguments(parser)`` adds ``--kv-host-tier-bytes``, ``--kv-disk-tier-path``,
-``--kv-disk-tier-bytes`` and ``--kv-tier-codec``; ``kv_tier_settings(args)`` gives the
-``CacheConfig`` fields they set; ``kv_tier_flags(settings)`` turns those back into flags,
-for a command that starts workers. Defaults and range checks stay in ``CacheConfig``.
+``add_kv_cache_dtype_argument(parser)`` adds ``--kv-cache-dtype``
+(``CacheConfig.kv_cache_dtype``). ``add_kv_tier_arguments(parser)`` adds
+``--kv-host-tier-bytes``, ``--kv-disk-tier-path``, ``--kv-disk-tier-bytes`` and
+``--kv-tier-codec``; ``kv_tier_settings(args)`` gives the ``CacheConfig`` fields they set;
+``kv_tier_flags(settings)`` turns those back into flags, for a command that starts workers.
+Defaults and range checks stay in ``CacheConfig``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pdserve.engine.config import TIER_CODECS, CacheConfig
+from pdserve.engine.config import KV_CACHE_DTYPES, TIER_CODECS, CacheConfig
 
 _DEFAULTS = CacheConfig()
 _UNITS = {"": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
@@ -30,6 +32,16 @@ def parse_size_bytes(text: str) -> int:
             "(512MiB, 2GiB)"
         )
     return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def add_kv_cache_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """``--kv-cache-dtype``: what the KV pool holds."""
+    parser.add_argument(
+        "--kv-cache-dtype", default=_DEFAULTS.kv_cache_dtype, choices=KV_CACHE_DTYPES,
+        help="what the KV pool holds: auto (the model's dtype) or int8 (int8 values with a "
+        "scale per token and kv head: about twice the tokens in the same memory as bf16; "
+        "default: %(default)s)",
+    )  # fmt: skip
 
 
 def add_kv_tier_arguments(parser: argparse.ArgumentParser, per_worker_dirs: bool = False) -> None:

@@ -17,7 +17,9 @@ def build_tiers(config: CacheConfig, pool: torch.Tensor, model_id: str) -> TierS
     """The tiers ``config`` asks for around ``pool``, or None when it asks for none."""
     if config.host_tier_bytes == 0 and config.disk_tier_path is None:
         return None
-    codec = TierCodec(config.tier_codec, BlockShape.of_pool(pool), pool.dtype)
+    # An int8 pool's blocks are already int8: kept as they are, whatever the codec.
+    name = "exact" if pool.dtype == torch.int8 else config.tier_codec
+    codec = TierCodec(name, BlockShape.of_pool(pool), pool.dtype)
     disk = None
     if config.disk_tier_path is not None:
         disk = DiskTier(config.disk_tier_path, config.disk_tier_bytes, model_id, codec)

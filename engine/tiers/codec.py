@@ -5,7 +5,8 @@ flat ``uint8`` payload, so host memory, disk files and their byte accounting nee
 which codec made it:
 
 - ``exact`` (the default) copies the block's bytes: a block that comes back is bit for bit
-  the one that left, so tiers, like the prefix cache, never change a token;
+  the one that left, so tiers, like the prefix cache, never change a token (an int8 pool's
+  blocks, values and scales, are always kept so: ``build_tiers``);
 - ``int8`` keeps the transfer's int8 quantization (``kv_codec``: per-channel K, per-token V
   scales), 0.53x the bytes of a bf16 block and 0.27x of fp32, so the same memory holds about
   twice (four times) the blocks; it is not bit-exact (``docs/benchmarks.md``, "KV tiers").
@@ -23,7 +24,8 @@ from pdserve.kv_codec import SCALE_DTYPE, Int8Blocks, dequantize_blocks, quantiz
 
 @dataclass(slots=True, frozen=True)
 class BlockShape:
-    """One block's shape: ``[num_layers, 2, block_size, num_kv_heads, head_dim]``."""
+    """One block's shape: ``[num_layers, 2, block_size, num_kv_heads, head_dim]`` (an int8
+    pool's ``head_dim`` is its rows' bytes, values and scale)."""
 
     num_layers: int
     block_size: int

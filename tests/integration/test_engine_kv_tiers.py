@@ -116,3 +116,19 @@ def test_bf16_prefix_back_from_host_memory_changes_no_token(
     llm = LLM(host_tier_bytes=HOST_BYTES, tier_codec=codec, **bf16)
     assert _evict_then_ask(llm, prompts) == without_tiers
     assert llm.engine.tier_stats().host_hit_tokens == PREFIX_TOKENS
+
+
+def test_int8_pool_prefix_back_from_host_memory_and_disk_changes_no_token(
+    loaded: LoadedModel, prompts: dict[str, list[int]], tmp_path: Path
+) -> None:
+    """An int8 pool's blocks go to the tiers and come back as they were stored, so the
+    prefix read back gives the tokens the same int8 engine computes from scratch."""
+    int8 = {"loaded": loaded, "kv_cache_dtype": "int8", **POOL}
+    without_tiers = LLM(enable_prefix_caching=False, **int8)
+    reference = without_tiers.generate([prompts["second"]], GREEDY)[0].token_ids
+    host = LLM(host_tier_bytes=HOST_BYTES, **int8)
+    assert _evict_then_ask(host, prompts) == reference
+    assert host.engine.tier_stats().host_hit_tokens == PREFIX_TOKENS
+    disk = LLM(host_tier_bytes=0, disk_tier_path=str(tmp_path), **int8)
+    assert _evict_then_ask(disk, prompts) == reference
+    assert disk.engine.tier_stats().disk_hit_tokens == PREFIX_TOKENS

@@ -726,6 +726,8 @@ def test_optional_parts_off() -> None:
         assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
         assert env_of(c)["PDSERVE_LEASE_S"]["value"] == "10"
     assert arg_value(container(docs, "prefill"), "--kv-backend") == "tcp"
+    for pool in POOLS:
+        assert arg_value(container(docs, pool), "--kv-cache-dtype") == "int8", pool
     assert arg_value(container(docs, "router"), "--router-processes") == "2"
     assert one(docs, "Service", name("router"))["spec"]["type"] == "LoadBalancer"
 

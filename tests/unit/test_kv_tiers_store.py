@@ -1,7 +1,8 @@
 """The tiers under the pool, tensor side: eviction into host memory then disk (LRU, bounded),
 loads back into the pool (exact: bit for bit; int8: the dequantized block), checksummed
 files (corrupt or truncated: dropped, logged, deleted; another codec's: not served), a full
-disk stopping only the disk tier, and a restart indexing the files it finds."""
+disk stopping only the disk tier, a restart indexing the files it finds, and an int8 pool's
+blocks kept as they are."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pdserve.engine.tiers.codec import BlockShape, TierCodec
 from pdserve.engine.tiers.disk import SUFFIX, DiskTier
 from pdserve.engine.tiers.host import HostTier
 from pdserve.engine.tiers.store import TierStore
-from pdserve.kv_codec import dequantize_blocks, quantize_blocks
+from pdserve.kv_codec import dequantize_blocks, quantize_blocks, quantize_rows
 
 # pool: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim]
 POOL_SHAPE = (6, 2, 2, 4, 1, 8)
@@ -181,3 +182,30 @@ def test_a_full_disk_stops_only_the_disk_tier(
     assert store.holds(103) and not store.holds(100), "host memory still serves"
     store.sync(pool, [], [(4, 103)])
     assert store.stats().host_hit_tokens == 4
+
+
+def test_an_int8_pools_blocks_come_back_as_they_left(tmp_path: Path) -> None:
+    """From host memory and from disk (a new tier indexing the files too), an int8 pool's
+    block is kept byte for byte, values and scales; a float pool's files are not served to
+    it."""
+    pool = quantize_rows(_pool())  # [blocks, L, 2, bs, H, D + scale bytes] int8
+    original = pool.clone()
+    codec = TierCodec("exact", BlockShape.of_pool(pool), torch.int8)
+    assert codec.payload_bytes == pool[0].numel()
+    _store(tmp_path / "float", host_blocks=0, disk_blocks=4).sync(_pool(), [(0, 100)], [])
+
+    def int8_store(directory: Path, host_blocks: int) -> TierStore:
+        file_bytes = codec.payload_bytes + 46 + len("model-a") + len(codec.tag)
+        disk = DiskTier(directory, 4 * file_bytes, "model-a", codec)
+        return TierStore(HostTier(host_blocks * codec.payload_bytes), disk, codec)
+
+    store = int8_store(tmp_path / "int8", host_blocks=1)
+    store.sync(pool, [(0, 200), (1, 201)], [])  # 200 on disk, 201 in host memory
+    assert store.holds(200) and store.holds(201)
+    store.sync(pool, [], [(4, 200), (5, 201)])
+    assert torch.equal(pool[4], original[0]) and torch.equal(pool[5], original[1])
+    restarted = int8_store(tmp_path / "int8", host_blocks=1)
+    assert restarted.holds(200)
+    restarted.sync(pool, [], [(3, 200)])
+    assert torch.equal(pool[3], original[0])
+    assert not int8_store(tmp_path / "float", host_blocks=0).holds(100)
