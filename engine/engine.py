@@ -219,10 +219,12 @@ class LLMEngine:
         return self.tiers.stats() if self.tiers is not None else TierStats()
 
     def _sync_tiers(self) -> None:
-        """Before the pool is written: save the blocks it evicted, load the tier hits."""
+        """Before the pool is written: save the blocks it evicted, load the tier hits; then
+        say in the KV events where the blocks that moved went."""
         if self.tiers is not None:
             pool = self.runner.kv_cache
             self.tiers.sync(pool, self.kv.take_evictions(), self.kv.take_block_loads())
+            self.kv.publish_tier_moves()
 
     def _sample(self, plan: BatchPlan, logits: torch.Tensor) -> dict[str, _Sampled]:
         """Sample every plain chunk in one call; verify each verify chunk's tree (and move
