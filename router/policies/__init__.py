@@ -12,6 +12,8 @@ from pdserve.router.policies.prefix_aware import PrefixAwarePolicy
 from pdserve.router.policies.simple import LeastLoadedPolicy, RoundRobinPolicy
 from pdserve.router.policies.types import (
     CostModel,
+    PeerFetch,
+    PrefixHit,
     RouteDecision,
     RouteRequest,
     RoutingPolicy,
@@ -53,7 +55,9 @@ __all__ = [
     "CostModel",
     "JointTtftPolicy",
     "LeastLoadedPolicy",
+    "PeerFetch",
     "PrefixAwarePolicy",
+    "PrefixHit",
     "RoundRobinPolicy",
     "RouteDecision",
     "RouteRequest",

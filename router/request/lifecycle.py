@@ -22,6 +22,7 @@ from pdserve.router.config import RouterConfig
 from pdserve.router.edge.errors import NoWorkersError, OverloadedError, WorkerFailedError
 from pdserve.router.policies import (
     POLICY_NAMES,
+    PrefixHit,
     RouteRequest,
     RoutingPolicy,
     WorkerCandidate,
@@ -47,7 +48,7 @@ from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
 from pdserve.router.state.locality import BlockHash, LocalityIndex, PromptBlockHasher
 from pdserve.router.state.placements import RecentPlacements
-from pdserve.router.state.prefix_lookup import cached_blocks
+from pdserve.router.state.prefix_lookup import prefix_hits
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ class RequestLifecycle:
         ranked = policy.rank(request, [self._candidate(w) for w in workers])
         if ranked and hashes:
             chosen = ranked[0].prefill_worker_id
-            held = request.cached_blocks.get(chosen, 0)
+            fetch = ranked[0].fetch
+            held = fetch.num_blocks if fetch is not None else request.hit(chosen).blocks
             self.placements.record(chosen, hashes, held, time.monotonic())
         calls = WorkerCalls(
             self.config,
@@ -156,13 +158,13 @@ class RequestLifecycle:
         if self.hasher is None:
             return RouteRequest(len(inp.prompt_token_ids), size), ()
         hashes = self.hasher(inp.prompt_token_ids)
-        cached = await cached_blocks(self.locality, hashes, worker_ids)
+        hits = await prefix_hits(self.locality, hashes, worker_ids)
         now_s = time.monotonic()
         for worker_id, sent in self.placements.longest_prefix(hashes, worker_ids, now_s).items():
-            if sent > cached.get(worker_id, 0):
-                cached[worker_id] = sent
+            if sent > hits.get(worker_id, PrefixHit()).blocks:
+                hits[worker_id] = PrefixHit(sent)  # computed there just now: in its pool
         new = self.placements.new_blocks(worker_ids, now_s)
-        return RouteRequest(len(inp.prompt_token_ids), size, cached, new), hashes
+        return RouteRequest(len(inp.prompt_token_ids), size, hits, new), hashes
 
     def _candidate(self, worker: WorkerInfo) -> WorkerCandidate:
         load = self.tracker.effective_load(worker.worker_id, worker.load)
