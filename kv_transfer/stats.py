@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(slots=True, frozen=True)
@@ -17,6 +17,12 @@ class TransferStats:
     transfer_seconds: float = 0.0  # summed over finished transfers
     bytes_saved_int8: int = 0  # versus sending the same blocks in the pool dtype
     transfers_in_flight: int = 0  # a gauge: open now (PENDING or TRANSFERRING)
+
+    def plus(self, other: TransferStats) -> TransferStats:
+        """Two endpoints' counters together (a worker with both a sender and a receiver)."""
+        return TransferStats(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in fields(self))
+        )
 
 
 class TransferCounters:

@@ -211,20 +211,26 @@ class KVCacheManager:
         return self._pool.take_evictions()
 
     # -- disaggregation hooks --------------------------------------------------------
-    def reserve_for_import(self, seq_id: str, token_ids: Sequence[int]) -> ImportReservation | None:
+    def reserve_for_import(
+        self, seq_id: str, token_ids: Sequence[int], record_hits: bool = True
+    ) -> ImportReservation | None:
         """Reserve blocks for all of ``token_ids`` whose KV another worker computed.
 
         Leading blocks already cached here, in the pool or a tier below it, are reused (and
         reported, so the sender skips them; tier hits are queued as loads like
         ``allocate``'s); the rest are fresh. Returns None (nothing changed) if blocks are
         short. After the transfer: :meth:`commit_import`, or :meth:`free` if it failed.
+
+        ``record_hits``: count the reused blocks as prefix hits (a decode worker's import:
+        the blocks nobody had to send); not for a peer fetch's reservation or the holder's
+        hold on the blocks it sends, where the prefill that follows, if any, counts.
         """
         if not token_ids:
             raise ValueError(f"reserve_for_import({seq_id!r}): token_ids is empty")
         if seq_id in self._seqs:
             raise ValueError(f"reserve_for_import: sequence {seq_id!r} already holds blocks")
         match = self._match(token_ids, len(token_ids), self._tiers)
-        state = self._adopt(seq_id, token_ids, match, len(token_ids))
+        state = self._adopt(seq_id, token_ids, match, len(token_ids), record_hits)
         if state is None:
             return None
         state.commit(token_ids, match.num_tokens)  # the tier hits are cached as they load
@@ -315,7 +321,12 @@ class KVCacheManager:
         return list(state.block_ids)
 
     def _adopt(
-        self, seq_id: str, token_ids: Sequence[int], prefix: PrefixMatch, num_tokens: int
+        self,
+        seq_id: str,
+        token_ids: Sequence[int],
+        prefix: PrefixMatch,
+        num_tokens: int,
+        record_hits: bool = True,
     ) -> SequenceBlocks | None:
         """New state: prefix blocks (touched) + fresh blocks up to ``num_tokens`` positions."""
         assert_match_current(self._pool, seq_id, prefix)
@@ -334,8 +345,9 @@ class KVCacheManager:
                 encoded_extra_keys=self._extra,
                 known_hashes=prefix.block_hashes,
             )
-            self.prefix_queried_tokens += len(token_ids)
-            self.prefix_hit_tokens += prefix.num_tokens
+            if record_hits:
+                self.prefix_queried_tokens += len(token_ids)
+                self.prefix_hit_tokens += prefix.num_tokens
         state = self._new_state(list(prefix.block_ids) + fresh, hasher, len(prefix.block_ids))
         self._seqs[seq_id] = state
         return state

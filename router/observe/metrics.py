@@ -192,7 +192,7 @@ _WORKER_COUNTERS = (
     ("pdserve_kv_transfer_failures", "transfers_failed", SENDER_ROLES,
      "KV transfers that failed."),
     ("pdserve_recompute_fallbacks", "recompute_fallbacks", frozenset(ROLES),
-     "Requests recomputed because their KV could not be transferred."),
+     "Prompt prefixes computed because fetching them from a peer failed."),
 )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ Colocated: ``Generate`` on one worker. Disaggregated::
 
     router --ReserveKV--> decode      refused: back-pressure, the caller tries the next pair
     router --Prefill----> prefill     first event: the first token (TTFT), streamed at once
+                          (with the decision's peer fetch: prefill --FetchKV--> holder first)
                           prefill --KV blocks--> decode
     router --Decode-----> decode      the remaining tokens, already detokenized
     prefill --TransferReport--> router (last Prefill event: bytes and seconds)
@@ -197,6 +198,11 @@ class Attempt:
             params=self.params_msg,
             destination=destination,
         )
+        fetch = self.decision.fetch
+        if fetch is not None:  # the prefill worker pulls this prefix from its holder first
+            request.peer_prefix.worker_id = fetch.holder_id
+            request.peer_prefix.address = self.calls.address(fetch.holder_id)
+            request.peer_prefix.num_blocks = fetch.num_blocks
         stream = self.calls.stub(prefill_id).Prefill(request, timeout=self._remaining_s())
         self._streams.append(stream)
         self._holding.append(prefill_id)

@@ -24,8 +24,8 @@ from pdserve.cluster.worker_agent import AgentConfig, WorkerAgent, start_worker_
 from pdserve.engine.kv_cache.events import (
     BlocksRemoved,
     BlocksStored,
-    CachedBlocks,
     CacheCleared,
+    CachedBlocks,
     KVCacheEvent,
 )
 from pdserve.engine.kv_cache.tiers import KVTier

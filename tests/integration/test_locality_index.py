@@ -20,8 +20,8 @@ from pdserve.cluster.kv_events import KvCleared, KvEvent, KvEventSequencer, KvSn
 from pdserve.cluster.locality_index import ApplyStatus, LocalityIndex
 from pdserve.cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
 from pdserve.cluster.registry import HeartbeatStatus, WorkerRegistry
-from pdserve.engine.kv_cache.tiers import KVTier
 from pdserve.cluster.router_wiring import RedisLocality
+from pdserve.engine.kv_cache.tiers import KVTier
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
 from pdserve.router.policies import PrefixHit
