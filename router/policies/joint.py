@@ -35,13 +35,16 @@ class JointTtftPolicy(PoolPolicy):
 
     name = "joint_ttft"
 
-    def __init__(self, cost: CostModel | None = None, max_decisions: int = 16) -> None:
+    def __init__(
+        self, cost: CostModel | None = None, max_decisions: int = 16, peer_fetch: bool = True
+    ) -> None:
         if max_decisions < 1:
             raise ValueError(f"max_decisions must be >= 1, got {max_decisions}")
         super().__init__(cost)
         # Only the head of the ranking is ever walked (a few refusals or failures), so the
         # decisions and their reason strings are built for that head only.
         self._max_decisions = max_decisions
+        self._peer_fetch = peer_fetch
 
     def rank_pools(self, request: RouteRequest, pools: Pools) -> list[RouteDecision]:
         scored = [
@@ -62,7 +65,9 @@ class JointTtftPolicy(PoolPolicy):
         by_id = {w.worker_id: w for w in pools.prefill}
         options = []
         for p in pools.prefill:
-            fetch = choose_fetch(request, p, pools.prefill, self._cost)
+            fetch = None
+            if self._peer_fetch:
+                fetch = choose_fetch(request, p, pools.prefill, self._cost)
             holder = by_id[fetch.holder_id] if fetch is not None else None
             options.append((p, holder, fetch))
         return options

@@ -82,7 +82,7 @@ class RequestLifecycle:
         self.tracker = LocalLoadTracker()
         self.placements = RecentPlacements()
         self._policies: dict[str, RoutingPolicy] = {
-            name: make_policy(name, config.cost, config.hot_spot_margin_requests)
+            name: make_policy(name, config.cost, config.hot_spot_margin_requests, config.peer_fetch)
             for name in POLICY_NAMES
         }
         self._background: set[asyncio.Task[None]] = set()

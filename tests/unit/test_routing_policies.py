@@ -227,6 +227,8 @@ def test_an_idle_worker_fetches_the_prefix_of_a_busy_holder() -> None:
     workers = [worker("p0", P, queued_prefill_tokens=1500), worker("p1", P), worker("d0", D)]
     best = JointTtftPolicy(cost).rank(request, workers)[0]
     assert (best.prefill_worker_id, best.fetch) == ("p1", PeerFetch("p0", 60))
+    no_fetch = JointTtftPolicy(cost, peer_fetch=False).rank(request, workers)
+    assert all(d.fetch is None for d in no_fetch)
     # fetch: p0's current step (0.256 s) + 960 tokens x 0.25 ms; then 64 tokens computed,
     # then 1,024 tokens' KV to d0 (0.256 s). (On p0: 1.5 + 0.064 + 0.256 s; p1 computing
     # all: 1.024 + 0.256 s.)
