@@ -85,8 +85,9 @@ class PrefillService:
         prompt = check_prompt(request.prompt_token_ids)
         dest = self._destination(request)
         peer = peer_prefix_from_proto(request)
-        started_s = time.monotonic()
+        fetch_started_s = time.monotonic()
         hold_id = await self.fetcher.fetch(request_id, prompt, peer) if peer else None
+        started_s = time.monotonic()
         try:
             first = await self.engine.prefill(request_id, prompt, params)
         finally:  # the prefill holds the fetched blocks now (or never will)
@@ -100,6 +101,7 @@ class PrefillService:
         try:
             chunk = step_to_chunk(first)
             chunk.phase_times.prefill_s = ttft_s
+            chunk.phase_times.fetch_s = started_s - fetch_started_s if peer else 0.0
             yield worker_pb2.PrefillEvent(first_token=chunk)
             if first.finished:  # nothing left to decode: the KV is not needed elsewhere
                 report = worker_pb2.TransferReport(ok=True)
