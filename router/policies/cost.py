@@ -68,6 +68,7 @@ class TtftEstimate:
     admission_s: float
     load_s: float = 0.0  # cached blocks loaded back into the prefill worker's pool
     fetch_s: float = 0.0  # blocks pulled from a peer before the prefill
+    compute_tokens: int = 0  # prompt tokens the prefill worker computes
 
     @property
     def total_s(self) -> float:
@@ -151,18 +152,17 @@ def predict_ttft(
         fetched_s = fetch_s(request, prefill.worker_id, holder, cost)
         covered = request.blocks_to_tokens(fetch.num_blocks)
     # The last prompt token is always computed: its logits give the first token.
-    prefill_s = (request.prompt_tokens - min(covered, request.prompt_tokens - 1)) * (
-        cost.prefill_s_per_token
-    )
+    compute = request.prompt_tokens - min(covered, request.prompt_tokens - 1)
+    prefill_s = compute * cost.prefill_s_per_token
     if decode is None or decode.worker_id == prefill.worker_id:
-        return TtftEstimate(queue_s, prefill_s, 0.0, 0.0, load_s, fetched_s)
+        return TtftEstimate(queue_s, prefill_s, 0.0, 0.0, load_s, fetched_s, compute)
     # The prefill worker skips the leading blocks the decode worker already holds.
     kv_tokens = request.prompt_tokens - request.cached_tokens(decode.worker_id)
     transfer_s = kv_tokens * cost.kv_bytes_per_token / cost.link_bytes_per_s
     admission_s = cost.decode_admission_s * (1 + decode.load.waiting)
     if not has_room(request, decode):
         admission_s += cost.no_room_penalty_s
-    return TtftEstimate(queue_s, prefill_s, transfer_s, admission_s, load_s, fetched_s)
+    return TtftEstimate(queue_s, prefill_s, transfer_s, admission_s, load_s, fetched_s, compute)
 
 
 def describe(request: RouteRequest, worker: WorkerCandidate) -> str:

@@ -93,7 +93,9 @@ class JointTtftPolicy(PoolPolicy):
             parts += f" + transfer {est.transfer_s:.4f}s + admission {est.admission_s:.4f}s"
         decode_id = decode.worker_id if decode is not None else None
         reason = f"{self.name}: {where}; predicted {parts}"
-        return RouteDecision(prefill.worker_id, decode_id, est.total_s, self.name, reason, fetch)
+        return RouteDecision(
+            prefill.worker_id, decode_id, est.total_s, self.name, reason, fetch, est.compute_tokens
+        )
 
 
 def _decode_key(decode: WorkerCandidate | None) -> tuple[int, int, int, str]:

@@ -143,6 +143,9 @@ class RouteDecision:
     policy: str
     reason: str
     fetch: PeerFetch | None = None
+    # Prompt tokens the prefill worker is predicted to compute (its cache and a fetch
+    # cover the rest): the router counts them as that worker's queued prefill work.
+    compute_tokens: int | None = None
 
     @property
     def colocated(self) -> bool:

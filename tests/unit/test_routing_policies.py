@@ -177,6 +177,7 @@ def test_predicted_ttft_adds_the_four_terms() -> None:
     est = predict_ttft(request, prefill, decode, cost)
     assert est.queue_s == pytest.approx(0.1)  # 10 queued tokens
     assert est.prefill_s == pytest.approx(0.24)  # 40 - 16 cached tokens
+    assert est.compute_tokens == 24
     assert est.transfer_s == pytest.approx(0.8)  # (40 - 32 held) tokens x 100 B / 1000 B/s
     assert est.admission_s == pytest.approx(1.0)  # 0.5 x (1 + 1 waiting)
 
@@ -233,6 +234,7 @@ def test_an_idle_worker_fetches_the_prefix_of_a_busy_holder() -> None:
     # then 1,024 tokens' KV to d0 (0.256 s). (On p0: 1.5 + 0.064 + 0.256 s; p1 computing
     # all: 1.024 + 0.256 s.)
     assert best.ttft_s == pytest.approx(0.256 + 0.24 + 0.064 + 0.256)
+    assert best.compute_tokens == 64, "the router counts only these as p1's queued work"
     assert "fetch 60 blocks from p0" in best.reason
     # Once p0's queue is short, p0 wins outright.
     workers = [worker("p0", P, queued_prefill_tokens=100), worker("p1", P), worker("d0", D)]
