@@ -94,7 +94,8 @@ def fetch_s(request: RouteRequest, prefill: str, holder: WorkerCandidate, cost: 
     holder's current step (it pins the blocks between steps), the holder loading its blocks
     below the pool, and the blocks ``prefill`` lacks over the link."""
     held = request.hit(holder.worker_id)
-    moved_tokens = max(0, request.blocks_to_tokens(held.blocks) - request.cached_tokens(prefill))
+    fetched = request.blocks_to_tokens(request.fetchable_blocks(holder.worker_id))
+    moved_tokens = max(0, fetched - request.cached_tokens(prefill))
     busy_tokens = min(holder.load.queued_prefill_tokens, cost.step_tokens)
     return (
         cost.peer_fetch_setup_s
@@ -116,7 +117,7 @@ def choose_fetch(
     own = min(request.cached_tokens(prefill.worker_id), request.prompt_tokens - 1)
     best: tuple[float, PeerFetch] | None = None
     for peer in peers:
-        held = request.hit(peer.worker_id).blocks
+        held = request.fetchable_blocks(peer.worker_id)
         covered = min(request.blocks_to_tokens(held), request.prompt_tokens - 1)
         if peer.worker_id == prefill.worker_id or covered <= own:
             continue

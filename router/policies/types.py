@@ -89,13 +89,17 @@ class RouteRequest:
 
     ``prefix_hits`` maps worker id -> the leading prompt blocks that worker holds and where
     (locality index), or was just sent by this router (router/state/placements.py); missing
-    = none. ``new_blocks`` maps worker id -> blocks of new prefix this router gave it lately.
+    = none. ``pending_blocks`` maps worker id -> how many of its hit's blocks only this
+    router's placements vouch for (sent there, perhaps not computed yet): its own requests
+    queue behind them, but a peer fetch asks only for what the index knows it holds.
+    ``new_blocks`` maps worker id -> blocks of new prefix this router gave it lately.
     """
 
     prompt_tokens: int
     block_size: int = 16
     prefix_hits: Mapping[str, PrefixHit] = field(default_factory=dict)
     new_blocks: Mapping[str, int] = field(default_factory=dict)
+    pending_blocks: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert self.prompt_tokens >= 1, f"prompt_tokens must be >= 1, got {self.prompt_tokens}"
@@ -113,6 +117,10 @@ class RouteRequest:
 
     def hit(self, worker_id: str) -> PrefixHit:
         return self.prefix_hits.get(worker_id, _NO_HIT)
+
+    def fetchable_blocks(self, worker_id: str) -> int:
+        """Leading blocks a peer may fetch from this worker: its hit, pending ones aside."""
+        return self.hit(worker_id).blocks - self.pending_blocks.get(worker_id, 0)
 
     def cached_tokens(self, worker_id: str) -> int:
         return self.blocks_to_tokens(self.hit(worker_id).blocks)

@@ -160,11 +160,15 @@ class RequestLifecycle:
         hashes = self.hasher(inp.prompt_token_ids)
         hits = await prefix_hits(self.locality, hashes, worker_ids)
         now_s = time.monotonic()
+        pending = {}
         for worker_id, sent in self.placements.longest_prefix(hashes, worker_ids, now_s).items():
-            if sent > hits.get(worker_id, PrefixHit()).blocks:
-                hits[worker_id] = PrefixHit(sent)  # computed there just now: in its pool
+            indexed = hits.get(worker_id, PrefixHit()).blocks
+            if sent > indexed:  # sent there just now: in its pool once computed
+                hits[worker_id] = PrefixHit(sent)
+                pending[worker_id] = sent - indexed
         new = self.placements.new_blocks(worker_ids, now_s)
-        return RouteRequest(len(inp.prompt_token_ids), size, hits, new), hashes
+        request = RouteRequest(len(inp.prompt_token_ids), size, hits, new, pending)
+        return request, hashes
 
     def _candidate(self, worker: WorkerInfo) -> WorkerCandidate:
         load = self.tracker.effective_load(worker.worker_id, worker.load)

@@ -255,6 +255,17 @@ def test_a_fetch_is_chosen_only_when_moving_beats_computing() -> None:
     assert est.prefill_s == pytest.approx(0.064)
 
 
+def test_a_fetch_never_asks_for_blocks_only_the_routers_placements_vouch_for() -> None:
+    cost = dataclasses.replace(FETCH_COST, link_bytes_per_s=1e9, step_tokens=16)
+    workers = [worker("p0", P, queued_prefill_tokens=5000), worker("p1", P), worker("d0", D)]
+    # p0 was sent this prompt a moment ago; the index knows only its first 10 blocks.
+    request = RouteRequest(prompt_tokens=1024, prefix_hits=cached(p0=64), pending_blocks={"p0": 54})
+    best = JointTtftPolicy(cost).rank(request, workers)[0]
+    assert (best.prefill_worker_id, best.fetch) == ("p1", PeerFetch("p0", 10))
+    request = RouteRequest(prompt_tokens=1024, prefix_hits=cached(p0=64), pending_blocks={"p0": 64})
+    assert JointTtftPolicy(cost).rank(request, workers)[0].fetch is None
+
+
 def test_colocated_workers_never_fetch() -> None:
     request = RouteRequest(prompt_tokens=1024, prefix_hits=cached(c0=60))
     workers = [worker("c0", C, queued_prefill_tokens=1500), worker("c1", C)]
