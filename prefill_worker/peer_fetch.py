@@ -124,6 +124,7 @@ class PeerFetcher:
         try:
             handle = self.receiver.expect(transfer_id, reservation.blocks_to_receive)
             report = await self._pull(request_id, prefix, peer, reservation, handle)
+            await self.engine.commit_import(hold_id)  # cached: the prefill's lookup finds them
         except (FetchFailed, grpc.aio.AioRpcError, ValueError) as err:
             self._fell_back(request_id, peer, _describe(err))
             self._spawn(self._discard(hold_id, handle))
@@ -131,7 +132,6 @@ class PeerFetcher:
         except asyncio.CancelledError:  # the caller went away: free the blocks, safely
             self._spawn(self._discard(hold_id, handle))
             raise
-        await self.engine.commit_import(hold_id)
         self._count(request_id, peer, report, len(reservation.blocks_to_receive), started_s)
         return hold_id
 
@@ -149,7 +149,8 @@ class PeerFetcher:
     # -- internals ---------------------------------------------------------------------
     async def _reserve(self, hold_id: str, prefix: list[int]) -> ImportReservation | None:
         """Reserve on the engine; a caller that goes away meanwhile leaves nothing behind."""
-        task = asyncio.ensure_future(self.engine.reserve_import(hold_id, prefix, False))
+        reserve = self.engine.reserve_import(hold_id, prefix, record_hits=False)
+        task = asyncio.ensure_future(reserve)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
