@@ -26,12 +26,17 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tqdm import tqdm
 
 from pdserve.bench.engine_args import engine_bench_parser, write_rows
+from pdserve.bench.kv_peer_fetch import PeerBenchSettings, print_tables, run_peer_bench
+from pdserve.bench.kv_tier_loads import TierLoadRow, measure_tier_loads
 from pdserve.bench.workload import Tokenize, load_paragraphs
 from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.model.registry import resolve_model
+from pdserve.engine.tokenizer import load_tokenizer
 from pdserve.engine.worker_state import LoadedModel, load
 
 BLOCK_SIZE = 16
@@ -111,7 +116,7 @@ def _timed(llm: LLM, prompt: list[int]) -> tuple[float, list[int]]:
     return first[0] - sent, result[0].token_ids
 
 
-def run_bench(args: argparse.Namespace) -> list[Row]:
+def run_bench(args: argparse.Namespace) -> tuple[list[Row], list[TierLoadRow]]:
     loaded = load(args.model, args.dtype)
     count, turns = (3, 2) if args.quick else (args.conversations, args.turns)
     convs = conversations(lambda t: list(loaded.tokenizer.encode(t)), count, turns)
@@ -129,6 +134,8 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
         results = {}
         for name, llm in tqdm(engines.items(), desc="kv tiers", unit="config"):
             results[name] = run(llm, order)
+        pool = engines["pool only"].engine.runner.kv_cache
+        loads = measure_tier_loads(tuple(pool.shape[1:]), pool.dtype, Path(tmp) / "loads")
     base_ttfts, base_outputs, _, _ = results["pool only"]
     base_p90 = _p90(base_ttfts)
     rows = []
@@ -147,7 +154,7 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
                 tier_mb=(tiers.host_used_bytes + tiers.disk_used_bytes) / 1e6,
             )
         )
-    return rows
+    return rows, loads
 
 
 def _p90(values: Sequence[float]) -> float:
@@ -167,13 +174,44 @@ def print_table(rows: Sequence[Row]) -> None:
         )
 
 
+def peer_settings(args: argparse.Namespace) -> PeerBenchSettings:
+    if args.quick:
+        return PeerBenchSettings(
+            args.model, args.dtype, repeats=1, prefix_tokens=1024, groups=3, per_group=3,
+            shared_prefix_tokens=1024, question_tokens=128, num_blocks=320,
+        )  # fmt: skip
+    return PeerBenchSettings(args.model, args.dtype, repeats=args.repeats, load=args.load)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = engine_bench_parser("kv_tiers", __doc__, "3 conversations x 2")
+    parser = engine_bench_parser(
+        "kv_tiers", __doc__, "3 conversations x 2; peer fetch: one 1,024-token prefix, 6 requests"
+    )
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="peer fetch: prefixes timed")
+    parser.add_argument(
+        "--load", type=float, default=2.0,
+        help="shared-prefix workload: requests per time to compute one document",
+    )  # fmt: skip
+    parts = parser.add_mutually_exclusive_group()
+    parts.add_argument("--tiers-only", action="store_true", help="no peer fetch rows")
+    parts.add_argument("--peer-only", action="store_true", help="only the peer fetch rows")
     args = parser.parse_args(argv)
-    rows = run_bench(args)
-    print_table(rows)
+    rows: list[object] = []
+    if not args.peer_only:
+        tier_rows, load_rows = run_bench(args)
+        print_table(tier_rows)
+        for load_row in load_rows:
+            print(f"{load_row.config:<22} {load_row.load_ms_per_block:.3f} ms per block")
+        rows += [*tier_rows, *load_rows]
+    if not args.tiers_only:
+        tokenizer = load_tokenizer(resolve_model(args.model))
+        fetch_row, shared_rows = run_peer_bench(
+            peer_settings(args), lambda t: list(tokenizer.encode(t))
+        )
+        print_tables(fetch_row, shared_rows)
+        rows += [fetch_row, *shared_rows]
     write_rows(rows, args.json)
     return 0
 

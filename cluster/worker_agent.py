@@ -3,7 +3,8 @@
 One background thread per worker process does, every ``publish_interval_s``::
 
     heartbeat due?  -> heartbeat(load)   OK | LEASE_LOST -> register + snapshot | SUPERSEDED
-    snapshot owed?  -> snapshot_fn()  -> KvSnapshot (replaces the worker's index entries)
+    snapshot owed?  -> snapshot_fn()  -> KvSnapshot (replaces the worker's index entries;
+                                         each block with its tier: pool, host, disk)
     else            -> drain_fn()     -> KvStored / KvRemoved / KvCleared, numbered by epoch+seq
 
 The thread never calls into the engine itself: the three callbacks do (see
@@ -66,7 +67,7 @@ def to_index_events(sequencer: KvEventSequencer, events: Sequence[KVCacheEvent])
     out: list[KvEvent] = []
     for event in events:
         if isinstance(event, BlocksStored):
-            out.append(sequencer.stored(event.block_hashes))
+            out.append(sequencer.stored(event.block_hashes, event.tier))
         elif isinstance(event, BlocksRemoved):
             out.append(sequencer.removed(event.block_hashes))
         elif isinstance(event, CacheCleared):
@@ -191,7 +192,8 @@ class WorkerAgent:
         self._snapshot_owed = True
 
     def _publish_snapshot(self) -> None:
-        event = self._sequencer.snapshot(self._snapshot_fn())
+        cached = self._snapshot_fn()
+        event = self._sequencer.snapshot(cached.block_hashes, cached.tiers)
         self._snapshot_owed = False
         self._check(self._index.apply([event]).statuses, snapshot=True)
 

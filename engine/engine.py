@@ -146,17 +146,26 @@ class LLMEngine:
 
     # -- disaggregation: decode role -----------------------------------------------------
     def reserve_import(
-        self, request_id: str, prompt_token_ids: list[int]
+        self, request_id: str, prompt_token_ids: list[int], record_hits: bool = True
     ) -> ImportReservation | None:
-        """Reserve blocks for a prompt whose KV another worker computes (None: no room)."""
+        """Reserve blocks for a prompt whose KV another worker computes (None: no room).
+        Leading blocks cached here, in the pool or a tier (loaded now), are not received.
+        ``record_hits``: see ``KVCacheManager.reserve_for_import``."""
         if request_id in self._request_seqs or request_id in self.kv:
             raise ValueError(f"request_id {request_id!r} is already known; use a new id")
-        reservation = self.kv.reserve_for_import(request_id, prompt_token_ids)
+        reservation = self.kv.reserve_for_import(request_id, prompt_token_ids, record_hits)
         self._sync_tiers()  # save what the reservation evicted before the KV lands there
         return reservation
 
+    def commit_import(self, request_id: str) -> None:
+        """The KV received into a reservation has landed: cache its full blocks, so a
+        prefill of the same prefix finds them (a peer fetch). The blocks stay reserved until
+        :meth:`cancel_import`."""
+        self.kv.commit_import(request_id)
+
     def cancel_import(self, request_id: str) -> None:
-        """The transfer failed or the caller went away: give the reserved blocks back."""
+        """The transfer failed, the caller went away, or a fetched prefix is in use by its
+        prefill: give the reserved blocks back (cached ones stay cached)."""
         if request_id in self.kv and self.scheduler.get(request_id) is None:
             self.kv.free(request_id)
 
@@ -219,10 +228,12 @@ class LLMEngine:
         return self.tiers.stats() if self.tiers is not None else TierStats()
 
     def _sync_tiers(self) -> None:
-        """Before the pool is written: save the blocks it evicted, load the tier hits."""
+        """Before the pool is written: save the blocks it evicted, load the tier hits; then
+        say in the KV events where the blocks that moved went."""
         if self.tiers is not None:
             pool = self.runner.kv_cache
             self.tiers.sync(pool, self.kv.take_evictions(), self.kv.take_block_loads())
+            self.kv.publish_tier_moves()
 
     def _sample(self, plan: BatchPlan, logits: torch.Tensor) -> dict[str, _Sampled]:
         """Sample every plain chunk in one call; verify each verify chunk's tree (and move

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(slots=True, frozen=True)
@@ -18,6 +18,12 @@ class TransferStats:
     bytes_saved_int8: int = 0  # versus sending the same blocks in the pool dtype
     transfers_in_flight: int = 0  # a gauge: open now (PENDING or TRANSFERRING)
     connections_refused: int = 0  # closed by the receiver's handshake before any header
+
+    def plus(self, other: TransferStats) -> TransferStats:
+        """Two endpoints' counters together (a worker with both a sender and a receiver)."""
+        return TransferStats(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in fields(self))
+        )
 
 
 class TransferCounters:

@@ -23,6 +23,9 @@ class RouterConfig:
     default_policy: str = DEFAULT_POLICY
     hot_spot_margin_requests: int = 4
     cost: CostModel = field(default_factory=CostModel)
+    # joint_ttft may send a prefill worker to fetch a prompt prefix another prefill worker
+    # holds (PrefillRequest.peer_prefix) when the cost model says moving beats computing.
+    peer_fetch: bool = True
     block_size: int = 16
     # Limits.
     max_concurrent_requests: int = 1024

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import functools
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -85,6 +86,15 @@ def client_tls(secret: ClusterSecret) -> ClientTls:
     ident = _identity(secret)
     credentials = grpc.ssl_channel_credentials(ident.ca_pem, ident.key_pem, ident.cert_pem)
     return ClientTls(credentials)
+
+
+def worker_channel_factory(secret: ClusterSecret | None) -> Callable[[str], grpc.aio.Channel]:
+    """How a worker calls another (a peer fetch): mutual TLS with a secret, else plaintext."""
+    if secret is None:
+        return grpc.aio.insecure_channel
+    tls = client_tls(secret)
+    return functools.partial(grpc.aio.secure_channel, credentials=tls.credentials,
+                             options=tls.options)  # fmt: skip
 
 
 def add_worker_port(server: grpc.aio.Server, address: str, secret: ClusterSecret | None) -> int:

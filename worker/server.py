@@ -57,7 +57,7 @@ from pdserve.worker.colocated import GenerateService
 from pdserve.worker.convert import stats_to_proto
 from pdserve.worker.errors import status_for
 from pdserve.worker.metrics import MetricsServer, start_metrics_server, stats_fn_on_loop
-from pdserve.worker.mutual_tls import add_worker_port
+from pdserve.worker.mutual_tls import add_worker_port, worker_channel_factory
 
 log = logging.getLogger("pdserve.worker")
 T = TypeVar("T")
@@ -107,13 +107,16 @@ class WorkerRoles:
     async def stats(self, config: WorkerServerConfig) -> worker_pb2.WorkerStats:
         role = self.prefill or self.decode
         transfer = role.transfer_stats() if role is not None else None
-        return stats_to_proto(
+        msg = stats_to_proto(
             await self.engine.stats(),
             transfer,
             worker_id=config.worker_id,
             role=config.role,
             epoch=config.epoch,
         )
+        if self.prefill is not None:
+            self.prefill.peer_stats.fill(msg)
+        return msg
 
     async def close(self) -> None:
         for service in (self.prefill, self.decode):
@@ -135,7 +138,10 @@ def build_roles(
     roles = WorkerRoles(engine, GenerateService(engine))
     backend = config.kv_backend
     if config.role == "prefill":
-        roles.prefill = PrefillService.create(engine, backend, transfer_config)
+        connect = worker_channel_factory(config.secret)
+        roles.prefill = PrefillService.create(
+            engine, config.worker_id, backend, transfer_config, connect
+        )
     elif config.role == "decode":
         roles.decode = DecodeService.create(
             engine, config.worker_id, backend, transfer_config, decode_config
@@ -173,6 +179,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             return await decode.reserve_kv(request)
         except Exception as exc:
             return await self._abort(context, "ReserveKV", request.request_id, exc)
+
+    async def FetchKV(self, request: Any, context: Any) -> Any:
+        prefill = (await self._ready(context)).prefill
+        if prefill is None:
+            return await self._wrong_role(context, "FetchKV", "prefill")
+        try:
+            return await prefill.fetch_kv(request)
+        except Exception as exc:
+            return await self._abort(context, "FetchKV", request.request_id, exc)
 
     async def Decode(self, request: Any, context: Any) -> AsyncIterator[Any]:
         decode = (await self._ready(context)).decode

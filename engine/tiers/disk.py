@@ -4,13 +4,15 @@ Files are written whole to a temporary name and renamed, so a crash leaves eithe
 state or a complete file (plus a ``.tmp`` that the next start deletes). At start the tier
 indexes the files it finds by their headers, oldest modification first; a file that fails
 its header or checksum is logged and deleted. A failed write (a full disk) stops the tier
-from writing, with one log line; what it holds stays readable.
+from writing, with one log line; what it holds stays readable. What it drops after start
+(evicted, or failing its checks) is listed until :meth:`DiskTier.take_dropped`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -53,6 +55,7 @@ class DiskTier:
         self._codec = codec
         self._lru = LruBytes(capacity_bytes)
         self.stopped = False
+        self._dropped: list[BlockHash] = []
         self._index_existing()
 
     @property
@@ -64,6 +67,15 @@ class DiskTier:
 
     def __len__(self) -> int:
         return len(self._lru)
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        """Least recently used first."""
+        return iter(self._lru)
+
+    def take_dropped(self) -> list[BlockHash]:
+        """Hashes dropped since the last call (evicted, or their file failed its checks)."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
 
     def put(self, block_hash: BlockHash, payload: torch.Tensor) -> int:
         """Store ``payload`` as most recent; return the bytes written (0 once stopped or
@@ -80,6 +92,7 @@ class DiskTier:
             return 0
         for evicted in self._lru.add(block_hash, len(data)):
             self._delete(evicted)
+            self._dropped.append(evicted)
         return len(data)
 
     def get(self, block_hash: BlockHash) -> tuple[torch.Tensor, int] | None:
@@ -98,6 +111,7 @@ class DiskTier:
             log.warning("disk KV tier: dropping %s: %s", path.name, err)
             self._lru.remove(block_hash)
             self._unlink(path)
+            self._dropped.append(block_hash)
             return None
         self._lru.touch(block_hash)
         return torch.frombuffer(bytearray(payload), dtype=torch.uint8), len(data)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from pdserve.engine.kv_cache.hashing import BlockHash
@@ -22,6 +24,10 @@ class HostTier:
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._blocks
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        """Least recently used first."""
+        return iter(self._lru)
 
     def put(
         self, block_hash: BlockHash, payload: torch.Tensor

@@ -7,17 +7,22 @@ evicted blocks are kept in host memory, whose overflow goes to disk. Loads are s
 
 A disk hit is read and checked when the lookup asks for it (:meth:`TierStore.holds`) and
 staged until the step's loads, so a load never meets a file that failed its checksum.
+
+Every block whose place may have changed (evicted from the pool, pushed from host memory to
+disk, dropped) is listed for :meth:`TierStore.take_moved`: the KV events tell the locality
+index where it went.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
 from pdserve.engine.kv_cache.hashing import BlockHash
-from pdserve.engine.kv_cache.tiers import TierStats
+from pdserve.engine.kv_cache.tiers import KVTier, TierStats
 from pdserve.engine.tiers.codec import TierCodec
 from pdserve.engine.tiers.disk import DiskTier
 from pdserve.engine.tiers.host import HostTier
@@ -51,6 +56,7 @@ class TierStore:
         self._codec = codec
         self._staged: dict[BlockHash, _Staged] = {}
         self._counters = _Counters()
+        self._moved: list[BlockHash] = []
 
     def holds(self, block_hash: BlockHash) -> bool:
         if block_hash in self._host or block_hash in self._staged:
@@ -62,6 +68,25 @@ class TierStore:
             return False
         self._staged[block_hash] = _Staged(*found)
         return True
+
+    def tier_of(self, block_hash: BlockHash) -> KVTier | None:
+        if block_hash in self._host:
+            return KVTier.HOST
+        if self._disk is not None and block_hash in self._disk:
+            return KVTier.DISK
+        return None
+
+    def block_hashes(self, tier: KVTier) -> Iterable[BlockHash]:
+        if tier is KVTier.HOST:
+            return list(self._host)
+        assert tier is KVTier.DISK, f"the tiers under the pool are host and disk, not {tier!r}"
+        return list(self._disk) if self._disk is not None else []
+
+    def take_moved(self) -> list[BlockHash]:
+        moved, self._moved = self._moved, []
+        if self._disk is not None:
+            moved += self._disk.take_dropped()
+        return moved
 
     def sync(
         self,
@@ -98,6 +123,7 @@ class TierStore:
         """Encode the evicted blocks not already in host memory (those just get fresher)."""
         saved = []
         for block_id, block_hash in evictions:
+            self._moved.append(block_hash)
             if block_hash in self._host:
                 self._host.touch(block_hash)
             else:
@@ -119,6 +145,7 @@ class TierStore:
         spilled = self._host.put(block_hash, payload)
         if block_hash in self._host:
             self._counters.add(host_stored_blocks=1, host_bytes_in=payload.numel())
+        self._moved += [h for h, _ in spilled]
         if self._disk is None:
             return
         for spilled_hash, spilled_payload in spilled:

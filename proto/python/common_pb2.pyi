@@ -73,11 +73,13 @@ class TokenChunk(_message.Message):
     def __init__(self, index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., phase_times: _Optional[_Union[PhaseTimes, _Mapping]] = ...) -> None: ...
 
 class PhaseTimes(_message.Message):
-    __slots__ = ("prefill_s", "kv_wait_s", "first_step_s")
+    __slots__ = ("prefill_s", "kv_wait_s", "first_step_s", "fetch_s")
     PREFILL_S_FIELD_NUMBER: _ClassVar[int]
     KV_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    FETCH_S_FIELD_NUMBER: _ClassVar[int]
     prefill_s: float
     kv_wait_s: float
     first_step_s: float
-    def __init__(self, prefill_s: _Optional[float] = ..., kv_wait_s: _Optional[float] = ..., first_step_s: _Optional[float] = ...) -> None: ...
+    fetch_s: float
+    def __init__(self, prefill_s: _Optional[float] = ..., kv_wait_s: _Optional[float] = ..., first_step_s: _Optional[float] = ..., fetch_s: _Optional[float] = ...) -> None: ...

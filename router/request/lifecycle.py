@@ -23,6 +23,7 @@ from pdserve.router.edge.errors import NoWorkersError, OverloadedError, WorkerFa
 from pdserve.router.observe.goodput import tpot_s
 from pdserve.router.policies import (
     POLICY_NAMES,
+    PrefixHit,
     RouteRequest,
     RoutingPolicy,
     WorkerCandidate,
@@ -48,7 +49,7 @@ from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker,
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
 from pdserve.router.state.locality import BlockHash, LocalityIndex, PromptBlockHasher
 from pdserve.router.state.placements import RecentPlacements
-from pdserve.router.state.prefix_lookup import cached_blocks
+from pdserve.router.state.prefix_lookup import prefix_hits
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class RequestLifecycle:
         self.tracker = LocalLoadTracker()
         self.placements = RecentPlacements()
         self._policies: dict[str, RoutingPolicy] = {
-            name: make_policy(name, config.cost, config.hot_spot_margin_requests)
+            name: make_policy(name, config.cost, config.hot_spot_margin_requests, config.peer_fetch)
             for name in POLICY_NAMES
         }
         self._background: set[asyncio.Task[None]] = set()
@@ -164,7 +165,8 @@ class RequestLifecycle:
         self.shedding.check(ranked)
         if ranked and hashes:
             chosen = ranked[0].prefill_worker_id
-            held = request.cached_blocks.get(chosen, 0)
+            fetch = ranked[0].fetch
+            held = fetch.num_blocks if fetch is not None else request.hit(chosen).blocks
             self.placements.record(chosen, hashes, held, time.monotonic())
         calls = WorkerCalls(
             self.config,
@@ -185,13 +187,17 @@ class RequestLifecycle:
         if self.hasher is None:
             return RouteRequest(len(inp.prompt_token_ids), size), ()
         hashes = self.hasher(inp.prompt_token_ids)
-        cached = await cached_blocks(self.locality, hashes, worker_ids)
+        hits = await prefix_hits(self.locality, hashes, worker_ids)
         now_s = time.monotonic()
+        pending = {}
         for worker_id, sent in self.placements.longest_prefix(hashes, worker_ids, now_s).items():
-            if sent > cached.get(worker_id, 0):
-                cached[worker_id] = sent
+            indexed = hits.get(worker_id, PrefixHit()).blocks
+            if sent > indexed:  # sent there just now: in its pool once computed
+                hits[worker_id] = PrefixHit(sent)
+                pending[worker_id] = sent - indexed
         new = self.placements.new_blocks(worker_ids, now_s)
-        return RouteRequest(len(inp.prompt_token_ids), size, cached, new), hashes
+        request = RouteRequest(len(inp.prompt_token_ids), size, hits, new, pending)
+        return request, hashes
 
     def _candidate(self, worker: WorkerInfo) -> WorkerCandidate:
         load = self.tracker.effective_load(worker.worker_id, worker.load)

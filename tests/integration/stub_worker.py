@@ -65,6 +65,8 @@ class StubRecord:
     params: list[common_pb2.SamplingParams] = field(default_factory=list)
     # (method, request id, prompt) of every call that carries a prompt
     prompts: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    # request id -> the peer prefix its Prefill was told to fetch first
+    peer_prefixes: dict[str, worker_pb2.PeerPrefix] = field(default_factory=dict)
 
 
 def token_text(index: int, k: int) -> str:
@@ -156,6 +158,8 @@ class StubWorker(worker_pb2_grpc.WorkerServicer):
 
     async def Prefill(self, request, context) -> AsyncIterator[worker_pb2.PrefillEvent]:
         self._note("Prefill", request.request_id, request.params, request.prompt_token_ids)
+        if request.HasField("peer_prefix"):
+            self.record.peer_prefixes[request.request_id] = request.peer_prefix
         await self._before_first_token(context, request.request_id)
         yield worker_pb2.PrefillEvent(first_token=self._sequence(0, request).chunk(0))
         report = worker_pb2.TransferReport(

@@ -1,7 +1,9 @@
 """Greedy output is unchanged (fp32) when a prompt's prefix blocks were evicted from a tiny
 pool and come back from the host tier (kept exact, or as int8), from the disk tier, and from
 the disk tier a new engine indexes at start; in bf16 from the host tier (exact and int8);
-the tier counters show the hits."""
+the tier counters show the hits. The KV events follow the blocks between tiers, and a
+restarted worker's disk tier reaches the locality index (a real redis-server) under its new
+epoch."""
 
 from __future__ import annotations
 
@@ -9,12 +11,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import torch
 
+from pdserve.cluster.locality_index import LocalityIndex
+from pdserve.cluster.redis_server import RedisServer
+from pdserve.cluster.registry import WorkerRegistry
+from pdserve.cluster.worker_agent import AgentConfig, WorkerAgent, start_worker_agent
 from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.kv_cache import BlockHash, BlocksRemoved, BlocksStored, KVTier
 from pdserve.engine.model.loader import load_model
 from pdserve.engine.model.packed_gemm import gemm_for
 from pdserve.engine.worker_state import LoadedModel
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
+from pdserve.router.policies import PrefixHit
+from pdserve.router.state.locality import engine_prompt_hasher
 
 pytestmark = pytest.mark.slow
 
@@ -132,3 +144,57 @@ def test_int8_pool_prefix_back_from_host_memory_and_disk_changes_no_token(
     disk = LLM(host_tier_bytes=0, disk_tier_path=str(tmp_path), **int8)
     assert _evict_then_ask(disk, prompts) == reference
     assert disk.engine.tier_stats().disk_hit_tokens == PREFIX_TOKENS
+
+
+def _prefix_tiers(llm: LLM, prefix_hashes: list[BlockHash]) -> set[KVTier]:
+    """Where the engine's KV events (drained now) last put each of ``prefix_hashes``."""
+    where: dict[BlockHash, KVTier | None] = {}
+    for event in llm.engine.kv.drain_events():
+        if isinstance(event, BlocksStored):
+            where |= dict.fromkeys(event.block_hashes, event.tier)
+        elif isinstance(event, BlocksRemoved):
+            where |= dict.fromkeys(event.block_hashes, None)
+    return {where[h] for h in prefix_hashes if h in where}  # type: ignore[misc]
+
+
+def _agent(redis_url: str, keys: RedisKeys, llm: LLM) -> WorkerAgent:
+    """The worker's Redis agent over an engine this test steps itself (never meanwhile)."""
+    kv = llm.engine.kv
+    info = WorkerInfo("prefill-0", WorkerRole.PREFILL, "127.0.0.1:1", "m", kv.num_blocks, 16)
+    config = AgentConfig(key_prefix=keys.prefix, lease_s=30.0, heartbeat_s=5.0)
+    return start_worker_agent(
+        redis_url, info, WorkerLoad, kv.drain_events, kv.cached_blocks, config
+    )
+
+
+def test_a_restarted_worker_republishes_its_disk_tier_with_its_new_epoch(
+    loaded: LoadedModel,
+    prompts: dict[str, list[int]],
+    tmp_path: Path,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    keys: RedisKeys,
+) -> None:
+    """Blocks move pool -> disk -> pool in the KV events; a new engine on the same disk
+    directory publishes them, on disk, under the new epoch of the worker's id."""
+    tiers = {"host_tier_bytes": 0, "disk_tier_path": str(tmp_path), "disk_tier_bytes": 10**9}
+    llm = LLM(loaded=loaded, **tiers, **POOL)
+    prefix = engine_prompt_hasher(loaded.source.model_id)(prompts["first"][:PREFIX_TOKENS])
+    assert len(prefix) == PREFIX_TOKENS // 16
+    llm.generate([prompts["first"]], GREEDY)
+    assert _prefix_tiers(llm, prefix) == {KVTier.POOL}
+    llm.generate([prompts["filler"]], GREEDY)
+    assert _prefix_tiers(llm, prefix) == {KVTier.DISK}, "evicted from the pool onto disk"
+    llm.generate([prompts["second"]], GREEDY)
+    assert _prefix_tiers(llm, prefix) == {KVTier.POOL}, "loaded back"
+    del llm
+
+    index = LocalityIndex(redis_client, keys)
+    restarted = LLM(loaded=loaded, **tiers, **POOL)
+    agent = _agent(redis_server.url, keys, restarted)
+    try:
+        hit = index.longest_prefix(prefix, ["prefill-0"])["prefill-0"]
+        assert hit == PrefixHit(len(prefix), disk_blocks=len(prefix))
+        assert WorkerRegistry(redis_client, keys).get("prefill-0").epoch == agent.epoch  # type: ignore[union-attr]
+    finally:
+        agent.stop()

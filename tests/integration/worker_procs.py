@@ -165,9 +165,11 @@ def run_disaggregated(
     prompt: Sequence[int],
     params: common_pb2.SamplingParams,
     transfer_timeout_s: float = 30.0,
+    peer_prefix: worker_pb2.PeerPrefix | None = None,
 ) -> DisaggResult:
     """ReserveKV on ``decode``, Prefill on ``prefill`` (first token, then the report),
-    Decode on ``decode``; like the router, but sequential."""
+    Decode on ``decode``; like the router, but sequential. ``peer_prefix``: the prefill
+    worker fetches that prefix from another prefill worker first."""
     reserve = decode.stub.ReserveKV(
         worker_pb2.ReserveKVRequest(request_id=request_id, prompt_token_ids=prompt), timeout=30
     )
@@ -178,6 +180,7 @@ def run_disaggregated(
             prompt_token_ids=prompt,
             params=params,
             destination=reserve.destination,
+            peer_prefix=peer_prefix,
         ),
         timeout=120,
     )

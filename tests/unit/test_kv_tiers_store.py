@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pdserve.engine.kv_cache.tiers import KVTier
 from pdserve.engine.tiers import disk as disk_module
 from pdserve.engine.tiers.codec import BlockShape, TierCodec
 from pdserve.engine.tiers.disk import SUFFIX, DiskTier
@@ -75,6 +76,24 @@ def test_evicted_blocks_go_to_host_then_disk_in_lru_order(tmp_path: Path, codec:
     assert stats.host_used_bytes == 2 * BLOCK_BYTES[codec.name]
     file_bytes = _file_bytes(codec)
     assert stats.disk_used_bytes == 2 * file_bytes == stats.disk_bytes_in - file_bytes
+
+
+def test_every_block_that_changed_place_is_reported_with_its_tier(tmp_path: Path) -> None:
+    pool = _pool()
+    store = _store(tmp_path, host_blocks=1, disk_blocks=1)
+    store.sync(pool, [(0, 100), (1, 101)], [])  # host: 101; disk: 100
+    assert store.take_moved() == [100, 101, 100], "both evicted, then 100 pushed down to disk"
+    assert [store.tier_of(h) for h in (100, 101, 102)] == [KVTier.DISK, KVTier.HOST, None]
+    store.sync(pool, [(2, 102)], [])  # host: 102; disk: 101 (100 evicted)
+    assert store.take_moved() == [102, 101, 100]
+    assert (list(store.block_hashes(KVTier.HOST)), list(store.block_hashes(KVTier.DISK))) == (
+        [102],
+        [101],
+    )
+    (tmp_path / f"{101:016x}{SUFFIX}").write_bytes(b"not a block")
+    assert not store.holds(101)
+    assert store.take_moved() == [101], "a file failing its checks is a drop"
+    assert store.take_moved() == []
 
 
 def test_a_hit_in_either_tier_loads_the_block(tmp_path: Path, codec: TierCodec) -> None:
