@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pdserve.proto import worker_pb2
+from pdserve.worker.cluster_secret import ClusterSecret
 from tests.integration.worker_procs import (
     DisaggResult,
     WorkerProc,
@@ -66,14 +67,18 @@ def prompts(smollm2_tokenizer: Any) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, WorkerProc]]:
+    """Members of one cluster (its secret): every call, the FetchKV between the two prefill
+    workers included, goes over mutual TLS, and every KV connection is authenticated."""
     tmp: Path = tmp_path_factory.mktemp("peer_fetch")
+    secret = ClusterSecret.generate()
     launched = [
         launch_worker(
             "prefill-a", "prefill", tmp, *COMMON, "--num-blocks", str(HOLDER_BLOCKS),
-            "--kv-host-tier-bytes", "128MiB",
+            "--kv-host-tier-bytes", "128MiB", secret=secret,
         ),
-        launch_worker("prefill-b", "prefill", tmp, *COMMON, "--num-blocks", str(FETCHER_BLOCKS)),
-        launch_worker("decode", "decode", tmp, *COMMON, "--num-blocks", "256"),
+        launch_worker("prefill-b", "prefill", tmp, *COMMON, "--num-blocks", str(FETCHER_BLOCKS),
+                      secret=secret),
+        launch_worker("decode", "decode", tmp, *COMMON, "--num-blocks", "256", secret=secret),
     ]  # fmt: skip
     with running(launched) as workers:
         yield {w.name: w for w in workers}
