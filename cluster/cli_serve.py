@@ -14,7 +14,6 @@ import logging
 import signal
 import socket
 import threading
-from functools import partial
 from typing import Any
 
 from pdserve.cluster.settings import Settings
@@ -129,10 +128,8 @@ def run_router(args: argparse.Namespace) -> int:
 
 
 async def _serve_router(args: argparse.Namespace) -> None:
-    from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
+    from pdserve.cluster.router_start import RedisRouterSpec, redis_routers
     from pdserve.router.config import RouterConfig
-    from pdserve.router.edge.tokenizer import load_router_tokenizer
-    from pdserve.router.processes import RouterProcesses, spawn_routers
 
     spec = RedisRouterSpec(args.redis_url, args.key_prefix, Settings.from_env().lease_s,
                            args.model)  # fmt: skip
@@ -144,19 +141,11 @@ async def _serve_router(args: argparse.Namespace) -> None:
         reuse_port=args.router_processes > 1,
         **({"default_policy": args.policy} if args.policy else {}),
     )
-    tokenizer = await asyncio.to_thread(load_router_tokenizer, args.model)
-    directory, locality = spec.sources(spec.client())
-    service = await start_redis_router(spec, config, tokenizer, directory, locality)
-    routers = RouterProcesses(service, [])
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    try:
-        extra = args.router_processes - 1
-        await spawn_routers(routers, config, partial(router_process, spec), extra)
+    async with redis_routers(spec, config, args.router_processes) as routers:
+        service = routers.service
         log.info("router serving HTTP on %s:%d, gRPC on %s:%d", args.host, service.http_port,
                  args.host, service.grpc_port)  # fmt: skip
         await stop.wait()
-    finally:
-        await routers.stop(grace_s=5.0)
-        directory.stop()

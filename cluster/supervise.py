@@ -26,8 +26,9 @@ log = logging.getLogger("pdserve.up")
 class SupervisedRedis:
     """The embedded redis-server; restarted on the same port if it dies."""
 
-    def __init__(self) -> None:
-        self.server = RedisServer(RedisServerConfig()).start()
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._host = host  # a head binds its host's address: other hosts' workers use it
+        self.server = RedisServer(RedisServerConfig(host=host)).start()
         self.url = self.server.url
 
     def ensure_running(self) -> None:
@@ -35,15 +36,16 @@ class SupervisedRedis:
         if not self.server.is_running:
             log.warning("embedded redis-server died; restarting it on port %d", self.server.port)
             self.server.stop()
-            self.server = RedisServer(RedisServerConfig(port=self.server.port)).start()
+            config = RedisServerConfig(host=self._host, port=self.server.port)
+            self.server = RedisServer(config).start()
 
     def stop(self) -> None:
         self.server.stop()
 
 
 @contextlib.contextmanager
-def embedded_redis() -> Iterator[SupervisedRedis]:
-    redis_sup = SupervisedRedis()
+def embedded_redis(host: str = "127.0.0.1") -> Iterator[SupervisedRedis]:
+    redis_sup = SupervisedRedis(host)
     try:
         yield redis_sup
     finally:

@@ -13,6 +13,11 @@
 
 Once serving, the endpoints are printed and written as JSON to the state file, which
 `pdserve status` and `pdserve scale` read to find Redis.
+
+With ``--head`` other hosts join (cluster/join.py): Redis, Ray and the router bind this
+host's address (cluster/host_address.py), this host's Ray node is labelled with its name
+and its own workers (none by default) are placed on it, the worker template goes to Redis,
+and the command to run on the other hosts is printed, with the join token.
 """
 
 from __future__ import annotations
@@ -37,17 +42,20 @@ import ray
 from pdserve.cluster.actuators import POOLS
 from pdserve.cluster.actuators.ray import PoolTargetActuator
 from pdserve.cluster.autoscaler import AutoscaleSettings, RedisClusterView, build_autoscaler
+from pdserve.cluster.host_address import is_wildcard, this_host_address
+from pdserve.cluster.join_token import JoinToken, ray_auth_token
 from pdserve.cluster.locality_index import LocalityIndex
 from pdserve.cluster.pool_control import PoolTargetStore
 from pdserve.cluster.pool_manager import PoolMember, PoolTargets
 from pdserve.cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
-from pdserve.cluster.ray_pools import ActorResources, RayWorkerPool
+from pdserve.cluster.ray_pools import HOST_LABEL, ActorResources, RayWorkerPool
 from pdserve.cluster.redis_server import redacted_url
 from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
 from pdserve.cluster.router_wiring import RedisWorkerDirectory
 from pdserve.cluster.supervise import Supervised, SupervisedRedis, embedded_redis, supervise
 from pdserve.cluster.worker_launch import WorkerLaunch
+from pdserve.cluster.worker_template import publish_template
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo
 from pdserve.router.config import RouterConfig
@@ -58,6 +66,14 @@ from pdserve.router.service import RouterService
 
 log = logging.getLogger("pdserve.up")
 ROLES = ("prefill", "decode", "colocated")
+
+
+@dataclass(slots=True, frozen=True)
+class HeadSettings:
+    """`pdserve up --head`: a cluster other hosts join."""
+
+    name: str  # this host's name: its Ray node label, shown in the join command
+    advertise_address: str | None = None  # None: chosen by cluster/host_address.py
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,6 +94,7 @@ class UpConfig:
     supervise_s: float = 1.0
     router_processes: int = 1  # >1: that many router processes share the ports
     autoscale: AutoscaleSettings | None = None  # None: the pools keep their targets
+    head: HeadSettings | None = None  # None: a one-host cluster (or one joining --ray-address)
 
 
 @dataclass(slots=True, frozen=True)
@@ -93,11 +110,12 @@ class Endpoints:
     workers: dict[str, int]
     pid: int
     router_pids: list[int]
+    join_command: str | None = None  # with --head: what to run on the other hosts
 
     def describe(self) -> str:
         pools = " + ".join(f"{n} {role}" for role, n in self.workers.items() if n)
         lines = [
-            f"pdserve is up: {pools} worker(s)",
+            f"pdserve is up: {pools} worker(s)" if pools else "pdserve is up: no workers here",
             f"  OpenAI HTTP    {self.http}/v1",
             f"  gRPC           {self.grpc}",
             f"  router pids    {', '.join(map(str, self.router_pids))}",
@@ -105,21 +123,28 @@ class Endpoints:
             f"  dashboard      {self.dashboard}",
             f"  Ray dashboard  {self.ray_dashboard or '(off)'}",
             f"  Redis          {redacted_url(self.redis_url)}",
-            "Ctrl-C to stop.",
         ]
+        if self.join_command:
+            lines += ["On each other host, with its own pool sizes:", f"  {self.join_command}"]
+        lines.append("Ctrl-C to stop.")
         return "\n".join(lines)
 
 
 def run_up(config: UpConfig) -> int:
     """Start everything, serve until SIGINT/SIGTERM, stop everything. Returns 0."""
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
     try:
         with contextlib.ExitStack() as stack:
-            embedded = None if config.redis_url else stack.enter_context(embedded_redis())
+            address = (
+                None if config.head is None else this_host_address(config.head.advertise_address)
+            )
+            embedded = None
+            if not config.redis_url:
+                embedded = stack.enter_context(embedded_redis(address or "127.0.0.1"))
             redis_url = config.redis_url or (embedded.url if embedded else "")
-            ray_endpoints = _start_ray(config)
+            ray_endpoints = _start_ray(config, address)
             stack.callback(_stop_ray, ray_endpoints)
-            _interrupt_on_sigterm()  # ray.init installed its own SIGTERM handler
+            interrupt_on_sigterm()  # ray.init installed its own SIGTERM handler
             pools = _start_pools(config, redis_url)
             stack.callback(_stop_pools, pools)
             # The router's tokenizer loads while the workers load their models.
@@ -127,27 +152,30 @@ def run_up(config: UpConfig) -> int:
             tokenizer = loader.submit(load_router_tokenizer, config.worker.worker.model)
             for pool in pools.values():
                 pool.wait_ready(config.ready_timeout_s)
-            served = _serve(config, pools, redis_url, embedded, ray_endpoints, tokenizer)
+            served = _serve(config, pools, redis_url, embedded, ray_endpoints, tokenizer, address)
             run_loop(served)  # uvloop when installed (router/event_loop.py)
     except KeyboardInterrupt:
         log.warning("interrupted during start-up; everything stopped")
     return 0
 
 
-def _interrupt_on_sigterm() -> None:
+def interrupt_on_sigterm() -> None:
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def _start_ray(config: UpConfig) -> RayEndpoints:
+def _start_ray(config: UpConfig, address: str | None) -> RayEndpoints:
     workers = sum(config.targets.of(role) for role in ROLES)
     if config.autoscale is not None:  # room for the largest pools the planner may ask for
         limits = (config.autoscale.planner.prefill, config.autoscale.planner.decode)
         workers = max(workers, sum(limit.max_replicas for limit in limits))
     cpus = max(float(os.cpu_count() or 1), workers * config.resources.num_cpus)
-    return start_or_join_ray(config.ray_address, cpus, config.include_dashboard)
+    labels = None if config.head is None else {HOST_LABEL: config.head.name}
+    return start_or_join_ray(
+        config.ray_address, cpus, config.include_dashboard, node_ip_address=address, labels=labels
+    )
 
 
 def _stop_ray(endpoints: RayEndpoints) -> None:
@@ -160,7 +188,8 @@ def _start_pools(config: UpConfig, redis_url: str) -> dict[str, RayWorkerPool]:
     if gpus_available() and config.num_gpus_per_worker > 0:
         resources = replace(resources, num_gpus=config.num_gpus_per_worker)
     template = replace(config.worker, redis_url=redis_url)
-    pools = {role: RayWorkerPool(role, template, resources) for role in ROLES}
+    host = None if config.head is None else config.head.name
+    pools = {role: RayWorkerPool(role, template, resources, host) for role in ROLES}
     for role, pool in pools.items():
         pool.scale_to(config.targets.of(role))
     return pools
@@ -179,6 +208,7 @@ async def _serve(
     embedded: SupervisedRedis | None,
     ray_endpoints: RayEndpoints,
     tokenizer: Future[RouterTokenizer],
+    address: str | None,
 ) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -188,6 +218,8 @@ async def _serve(
     client = spec.client()
     store = PoolTargetStore(client, RedisKeys(agent.key_prefix))
     store.write(config.targets)
+    if config.head is not None:
+        publish_template(client, RedisKeys(agent.key_prefix), config.worker)
     directory, locality = spec.sources(client)
     keys = RedisKeys(agent.key_prefix)
     index = LocalityIndex(client, keys)
@@ -213,7 +245,7 @@ async def _serve(
         extra = config.router_processes - 1
         await spawn_routers(routers, router_config, partial(router_process, spec), extra)
         await _wait_registered(directory, config.targets, config.ready_timeout_s)
-        endpoints = _endpoints(config, service, redis_url, ray_endpoints, routers.pids)
+        endpoints = _endpoints(config, service, redis_url, ray_endpoints, routers.pids, address)
         _announce(endpoints, config.state_file)
         parts = Supervised(pools, store, directory, index.unique_blocks, embedded, autoscaler)
         await supervise(stop, config.supervise_s, config.drain_timeout_s, config.targets, parts)
@@ -249,11 +281,15 @@ def _endpoints(
     redis_url: str,
     ray_endpoints: RayEndpoints,
     router_pids: list[int],
+    address: str | None,
 ) -> Endpoints:
-    http = f"http://{config.router.host}:{service.http_port}"
+    host = config.router.host
+    if is_wildcard(host):
+        host = address or "127.0.0.1"
+    http = f"http://{host}:{service.http_port}"
     return Endpoints(
         http=http,
-        grpc=f"{config.router.host}:{service.grpc_port}",
+        grpc=f"{host}:{service.grpc_port}",
         metrics=f"{http}/metrics",
         dashboard=f"{http}/dashboard",
         ray_dashboard=ray_endpoints.dashboard_url,
@@ -263,6 +299,17 @@ def _endpoints(
         workers={role: config.targets.of(role) for role in ROLES},
         pid=os.getpid(),
         router_pids=router_pids,
+        join_command=None
+        if config.head is None
+        else _join_command(config, redis_url, ray_endpoints),
+    )
+
+
+def _join_command(config: UpConfig, redis_url: str, ray_endpoints: RayEndpoints) -> str:
+    token = JoinToken(redis_url, config.worker.agent.key_prefix, ray_auth_token())
+    return (
+        f"pdserve join {ray_endpoints.address} --token {token.encode()} "
+        "--prefill N --decode M [--name HOST] [--router]"
     )
 
 
@@ -272,5 +319,7 @@ def _announce(endpoints: Endpoints, state_file: Path | None) -> None:
         return
     state_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = state_file.with_suffix(state_file.suffix + ".tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.touch(mode=0o600)  # the join command carries the cluster's credentials
     tmp.write_text(json.dumps(dataclasses.asdict(endpoints), indent=2))
     tmp.replace(state_file)  # readers never see half a file
