@@ -224,8 +224,17 @@ def leave(state_file: Path, timeout_s: float) -> JoinedHost:
         raise ValueError(f"pdserve join (pid {host.pid}) is not running; removed its stale "
                          f"state file {state_file}") from None  # fmt: skip
     deadline_s = time.monotonic() + timeout_s
-    while Path(f"/proc/{host.pid}").exists():
+    while _running(host.pid):
         if time.monotonic() > deadline_s:
             raise TimeoutError(f"pdserve join (pid {host.pid}) still draining after {timeout_s} s")
         time.sleep(0.2)
     return host
+
+
+def _running(pid: int) -> bool:
+    """``pid`` has not exited (a zombie has: only its parent has yet to collect it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -89,13 +89,15 @@ class Host:
         out = _ip("netns", "pids", self.namespace, check=False).stdout
         return [int(p) for p in out.split()]
 
-    def stop(self, timeout_s: float) -> None:
-        """SIGTERM what this host runs (a clean stop), then SIGKILL every process left in
-        its namespace, by pid (only the test started processes there)."""
+    def terminate(self) -> None:
+        """SIGTERM what the test started here: each stops cleanly."""
         for proc in self.processes:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline_s = time.monotonic() + timeout_s
+
+    def kill_after(self, deadline_s: float) -> None:
+        """Wait until ``deadline_s`` (monotonic) for what the test started here, then SIGKILL
+        every process left in the namespace, by pid (only the test started processes there)."""
         for proc in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.1, deadline_s - time.monotonic()))
@@ -137,8 +139,15 @@ class Lan:
         return host
 
     def close(self, timeout_s: float = 60.0) -> None:
-        for host in self.hosts.values():
-            host.stop(timeout_s)
+        """Stop the other hosts together, then the first (the head: the others need it to
+        leave cleanly), each within ``timeout_s``; then remove the network."""
+        hosts = list(self.hosts.values())
+        for group in (hosts[1:], hosts[:1]):
+            for host in group:
+                host.terminate()
+            deadline_s = time.monotonic() + timeout_s
+            for host in group:
+                host.kill_after(deadline_s)
         for host in self.hosts.values():
             _ip("link", "del", host.link, check=False)
             _ip("netns", "del", host.namespace, check=False)

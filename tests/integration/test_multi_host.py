@@ -51,13 +51,13 @@ pytestmark = pytest.mark.slow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PDSERVE = (sys.executable, "-m", "pdserve.cluster.cli")
-LEASE_S = 3.0
+LEASE_S = 5.0
 ENV = {
     "PYTHONPATH": str(REPO_ROOT),
     "PYTHONUNBUFFERED": "1",
     "PDSERVE_TORCH_THREADS": "1",
     "PDSERVE_LEASE_S": str(LEASE_S),
-    "PDSERVE_HEARTBEAT_S": "0.5",
+    "PDSERVE_HEARTBEAT_S": "1",
     "UCX_TLS": "tcp",  # the hosts share a kernel: keep UCX off shared memory
 }
 WORKER_ARGS = ("--num-blocks", "256")
@@ -67,12 +67,13 @@ PROMPTS = (
     "The capital of France is",
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
 )
-# Several full blocks (16 tokens each), then a longer version of it.
+# Several full blocks (16 tokens each), then more of it (appended as token ids).
 BASE_PROMPT = (
     "The lighthouse keeper wrote in the log every evening: the direction of the wind, the "
-    "height of the waves, the ships that passed and the colour of the sky at dusk."
+    "height of the waves, the ships that passed and the colour of the sky at dusk. Twice a "
+    "year the inspector came by boat to read it, and he always asked about the fog."
 )
-LONGER_PROMPT = BASE_PROMPT + (
+MORE_PROMPT = (
     " On the last page of the old log, under the date of the great storm, he wrote a single "
     "line about the"
 )
@@ -210,8 +211,9 @@ def test_only_the_blocks_the_decode_host_lacks_cross_the_link(
     workers = cluster.workers()
     prefill, decode = workers["prefill-pf-0"].address, workers["decode-dc-0"].address
     block = workers["decode-dc-0"].block_size
-    base, longer = hf_tokenizer(BASE_PROMPT).input_ids, hf_tokenizer(LONGER_PROMPT).input_ids
-    assert longer[: len(base)] == base and len(base) >= 3 * block
+    base = hf_tokenizer(BASE_PROMPT).input_ids
+    longer = base + hf_tokenizer(MORE_PROMPT).input_ids
+    assert len(base) >= 3 * block, "several full blocks"
 
     sent0, received0 = worker_stats(prefill).transfer_bytes, worker_stats(decode).transfer_bytes
     link0 = cluster.host("pf").sent_bytes()
@@ -254,12 +256,13 @@ def test_a_host_cut_off_is_forgotten_while_the_rest_serves_and_it_rejoins(
         wait_until(lambda: worker_stats(old.address).running > 0, 60, "a request decoding on dc")
         dc.cut_off()
         cut_s = time.monotonic()
+        wait_until(lambda: "decode-dc-0" not in cluster.workers(), 2 * LEASE_S, "dc forgotten")
+        forgotten_s = time.monotonic() - cut_s
         results = [s.result() for s in streams]
-    # every stream completes, exact: the one on dc failed over to pf's decode worker
+    assert forgotten_s < LEASE_S + 1.0, "forgotten within its lease (+ a heartbeat)"
+    # every stream completes, exact: the ones on dc failed over to pf's decode worker
     for ids, got in zip(prompts, results, strict=True):
         assert got.token_ids == hf_greedy(hf_smollm2, ids, long_tokens)
-    wait_until(lambda: "decode-dc-0" not in cluster.workers(), 2 * LEASE_S, "dc to be forgotten")
-    assert time.monotonic() - cut_s < LEASE_S + 2.0, "forgotten within its lease (+ a heartbeat)"
     indexed = cluster.keys.index_workers
     wait_until(lambda: not cluster.redis.sismember(indexed, "decode-dc-0"), 15,
                "dc's index entries to go")  # fmt: skip
