@@ -56,7 +56,9 @@ def add_parsers(sub: Any) -> None:
     add = w.add_argument
     add("--role", required=True, choices=["prefill", "decode", "colocated"])
     add("--worker-id", default=None, help="default: ROLE-HOSTNAME")
-    add("--host", default="127.0.0.1", help="address to bind and advertise")
+    add("--host", default="127.0.0.1",
+        help="address to bind and advertise; 'auto': the one other hosts reach this one at "
+        "(cluster/host_address.py)")  # fmt: skip
     add("--port", type=int, default=0, help="gRPC port (0: a free one)")
     add("--model", default="smollm2-135m-instruct")
     add("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -80,6 +82,7 @@ def _configure(args: argparse.Namespace) -> str:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, then drain and stop; 0 once stopped cleanly."""
+    from pdserve.cluster.host_address import this_host_address
     from pdserve.cluster.worker_agent import AgentConfig
     from pdserve.cluster.worker_launch import WorkerLaunch
     from pdserve.worker.host import WorkerHost, WorkerSpec
@@ -92,7 +95,7 @@ def run_worker(args: argparse.Namespace) -> int:
     spec = WorkerSpec(
         role=args.role,
         worker_id=args.worker_id or f"{args.role}-{socket.gethostname()}",
-        host=args.host,
+        host=this_host_address() if args.host == "auto" else args.host,
         port=args.port,
         model=args.model,
         dtype=args.dtype,
