@@ -26,6 +26,10 @@ from pdserve.cluster.ray_pools import HOST_LABEL
 from pdserve.cluster.redis_server import die_with_parent
 
 STARTED_LINE = "Ray runtime started"  # what `ray start` prints once its node is up
+# On SIGTERM the node first asks the head to drain it (30 s by default). Our workers have
+# drained before the node stops; a bound keeps a head that does not answer (this host was
+# cut off a while ago) from holding the leave up.
+NODE_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "5"}
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,7 +68,7 @@ class RayNode:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.spec.env},
+                env={**os.environ, **NODE_ENV, **self.spec.env},
                 preexec_fn=die_with_parent,
             )
         deadline_s = time.monotonic() + timeout_s

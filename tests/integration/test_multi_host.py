@@ -120,13 +120,16 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(hosts: Lan, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(
+    hosts: Lan, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
     state_dir = tmp_path_factory.mktemp("multi_host")
     head_state_file = state_dir / "head.json"
     ports = ("--http-port", "0", "--grpc-port", "0")
     command = (*PDSERVE, "up", "--head", "--name", "head", *ports, "--no-dashboard",
                *WORKER_ARGS, "--state-file", str(head_state_file))  # fmt: skip
     hosts.hosts["head"].popen(command, ENV, state_dir / "head.log")
+    request.getfixturevalue("hf_smollm2")  # the reference loads while the head starts
     head_state = _wait_for_state(head_state_file, state_dir / "head.log")
     _, _, head_address, _, token, *_ = head_state["join_command"].split()
     client = redis.Redis.from_url(head_state["redis_url"], socket_timeout=5)
