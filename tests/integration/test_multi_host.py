@@ -253,7 +253,7 @@ def test_a_host_cut_off_is_forgotten_while_the_rest_serves_and_it_rejoins(
     dc, router = cluster.host("dc"), cluster.head_state["grpc"]
     old = cluster.workers()["decode-dc-0"]
     prompts = [hf_tokenizer(f"Story number {i}: once upon a time, a").input_ids for i in range(3)]
-    long_tokens = 96
+    long_tokens = 64
     with ThreadPoolExecutor(len(prompts)) as pool:
         streams = [pool.submit(generate, router, ids, long_tokens) for ids in prompts]
         wait_until(lambda: worker_stats(old.address).running > 0, 60, "a request decoding on dc")
