@@ -11,9 +11,11 @@ round-robin over the conversations, so a conversation's history has left the poo
 small for all of them) by the time it comes back. Requests run one at a time; each
 generates 8 tokens and its TTFT is measured from the call to its first token.
 
-Configurations: ``pool only`` (prefix caching in the pool), ``host tier`` (int8 blocks in
-host memory, room for the whole working set), ``disk tier`` (no host tier: the blocks go to
-checksummed files in a temporary directory). Each engine is built and warmed once.
+Configurations: ``pool only`` (prefix caching in the pool); ``host exact`` and ``host int8``
+(blocks in host memory as their own bytes or as int8, room for the whole working set);
+``disk exact`` and ``disk int8`` (no host tier: the blocks go to checksummed files in a
+temporary directory). Each engine is built and warmed once. ``tier MB`` is what the tiers
+hold at the end.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pdserve.engine.worker_state import LoadedModel, load
 
 BLOCK_SIZE = 16
 WORKING_SET_OVER_POOL = 4
-HOST_BYTES_PER_BLOCK = 200_000  # an int8 block of the default model, with its scales
+HOST_BYTES_PER_BLOCK = 740_000  # an fp32 block of the default model (int8: a quarter)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
@@ -47,6 +49,7 @@ class Row:
     p90_speedup: float  # pool only's p90 over this configuration's
     wall_s: float
     same_first_tokens: float  # share of requests whose 8 tokens equal pool only's
+    tier_mb: float  # bytes the tiers hold at the end
 
 
 def conversations(tokenize: Tokenize, count: int, turns: int) -> list[list[list[int]]]:
@@ -68,11 +71,10 @@ def conversations(tokenize: Tokenize, count: int, turns: int) -> list[list[list[
 def build_engines(loaded: LoadedModel, num_blocks: int, tmp: str) -> dict[str, LLM]:
     pool = {"num_blocks": num_blocks, "block_size": BLOCK_SIZE}
     host_bytes = WORKING_SET_OVER_POOL * num_blocks * HOST_BYTES_PER_BLOCK * 2
-    configs: dict[str, dict[str, object]] = {
-        "pool only": {},
-        "host tier": {"host_tier_bytes": host_bytes},
-        "disk tier": {"disk_tier_path": tmp},
-    }
+    configs: dict[str, dict[str, object]] = {"pool only": {}}
+    for codec in ("exact", "int8"):
+        configs[f"host {codec}"] = {"host_tier_bytes": host_bytes, "tier_codec": codec}
+        configs[f"disk {codec}"] = {"disk_tier_path": f"{tmp}/{codec}", "tier_codec": codec}
     engines = {}
     for name, config in configs.items():
         llm = LLM(None, loaded=loaded, **pool, **config)
@@ -82,7 +84,7 @@ def build_engines(loaded: LoadedModel, num_blocks: int, tmp: str) -> dict[str, L
 
 
 def run(llm: LLM, order: Sequence[list[int]]) -> tuple[list[float], list[list[int]], float, float]:
-    """TTFTs (s), outputs, prefix hit rate of these requests, wall time."""
+    """TTFTs (s), outputs, prefix hit rate of these requests, wall time (tiers start empty)."""
     kv = llm.engine.kv
     hits, queried = kv.prefix_hit_tokens, kv.prefix_queried_tokens
     ttfts, outputs = [], []
@@ -132,6 +134,7 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
     rows = []
     for name, (ttfts, outputs, rate, wall_s) in results.items():
         same = sum(a == b for a, b in zip(outputs, base_outputs, strict=True)) / len(outputs)
+        tiers = engines[name].engine.tier_stats()
         rows.append(
             Row(
                 config=name,
@@ -141,6 +144,7 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
                 p90_speedup=base_p90 / _p90(ttfts),
                 wall_s=wall_s,
                 same_first_tokens=same,
+                tier_mb=(tiers.host_used_bytes + tiers.disk_used_bytes) / 1e6,
             )
         )
     return rows
@@ -153,13 +157,13 @@ def _p90(values: Sequence[float]) -> float:
 def print_table(rows: Sequence[Row]) -> None:
     print(
         f"{'config':<10} {'prefix hits':>11} {'TTFT p50 ms':>11} {'TTFT p90 ms':>11} "
-        f"{'p90 vs pool':>11} {'wall s':>7} {'same tokens':>11}"
+        f"{'p90 vs pool':>11} {'wall s':>7} {'same tokens':>11} {'tier MB':>8}"
     )
     for r in rows:
         print(
             f"{r.config:<10} {r.prefix_hit_rate:>10.1%} {r.ttft_p50_ms:>11.1f} "
             f"{r.ttft_p90_ms:>11.1f} {r.p90_speedup:>10.2f}x {r.wall_s:>7.1f} "
-            f"{r.same_first_tokens:>10.0%}"
+            f"{r.same_first_tokens:>10.0%} {r.tier_mb:>8.1f}"
         )
 
 

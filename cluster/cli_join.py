@@ -38,9 +38,9 @@ def add_parsers(sub: Any) -> None:
     )
     add = p.add_argument
     add("head_address", metavar="HEAD_ADDRESS", help="the head's Ray address, host:port")
-    add("--token", default=settings.join_token,
-        help="the join token that `pdserve up --head` printed (default: "
-        "PDSERVE_JOIN_TOKEN)")  # fmt: skip
+    add("--token-file", type=Path, default=None,
+        help="the join token file that `pdserve up --head` wrote (copy it here)")  # fmt: skip
+    add("--token", default=settings.join_token, help=argparse.SUPPRESS)  # PDSERVE_JOIN_TOKEN
     for role in ROLES:
         add(f"--{role}", type=int, default=0, help=f"{role} workers on this host (default 0)")
     add("--name", default=socket.gethostname(),
@@ -75,9 +75,11 @@ def join_token(args: argparse.Namespace) -> Any:
     """The decoded ``--token``; ValueError saying where to find it."""
     from pdserve.cluster.join_token import JoinToken
 
+    if args.token_file is not None:
+        return JoinToken.decode(args.token_file.read_text())
     if not args.token:
-        raise ValueError("--token (or PDSERVE_JOIN_TOKEN) is required: `pdserve up --head` "
-                         "printed it with the join command")  # fmt: skip
+        raise ValueError("--token-file (or PDSERVE_JOIN_TOKEN) is required: `pdserve up "
+                         "--head` wrote the file and printed the join command")  # fmt: skip
     return JoinToken.decode(args.token)
 
 
@@ -118,7 +120,8 @@ def run_join_command(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # Ray reads its authentication variables once, when it is imported (by cluster/join.py).
-    os.environ.update(ray_auth_env(join_token(args)))
+    token_file = args.state_file.with_suffix(".ray-token")  # join.ray_token_file
+    os.environ.update(ray_auth_env(join_token(args), token_file))
     from pdserve.cluster.join import run_join
 
     return run_join(build_join_config(args, Settings.from_env()))

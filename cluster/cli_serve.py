@@ -1,6 +1,10 @@
 """`pdserve router` and `pdserve worker`: one router, or one worker, as a process of its own
 over the cluster's Redis (what a Kubernetes pod runs; `pdserve up` runs both under Ray).
 
+Give both the cluster secret (``--cluster-secret-file`` or ``PDSERVE_CLUSTER_SECRET_FILE``)
+to secure the inside as `pdserve up` does: workers then serve mutual TLS and authenticated KV,
+routers call them with the secret's certificate (the Redis URL brings its own password).
+
 A worker registers in Redis once it serves (its KV events feed the locality index) and, on
 SIGTERM, deregisters, lets its running requests finish (up to ``--grace-s``) and stops. The
 router finds the workers in the same Redis and serves OpenAI HTTP and gRPC until SIGTERM.
@@ -14,15 +18,21 @@ import logging
 import signal
 import socket
 import threading
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
+from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 from pdserve.engine.kv_cache.tier_options import (
     add_kv_tier_arguments,
     kv_tier_flags,
     kv_tier_settings,
 )
 from pdserve.engine.speculative.options import add_speculative_arguments, speculative_flags
+
+if TYPE_CHECKING:
+    from pdserve.worker.cluster_secret import ClusterSecret
 
 log = logging.getLogger("pdserve.serve")
 
@@ -32,6 +42,9 @@ def _add_redis_arguments(p: argparse.ArgumentParser, settings: Settings) -> None
                    help="the cluster's Redis (default: PDSERVE_REDIS_URL)")  # fmt: skip
     p.add_argument("--key-prefix", default=settings.key_prefix)
     p.add_argument("--log-level", default=settings.log_level)
+    p.add_argument("--cluster-secret-file", type=Path, default=settings.cluster_secret_file,
+                   metavar="PATH", help="the cluster secret (mode 0600; default: "
+                   "PDSERVE_CLUSTER_SECRET_FILE, else none: plaintext inside)")  # fmt: skip
 
 
 def add_parsers(sub: Any) -> None:
@@ -48,6 +61,8 @@ def add_parsers(sub: Any) -> None:
     add("--policy", default=None, help="default routing policy")
     add("--router-processes", type=int, default=1, metavar="N")
     _add_redis_arguments(r, settings)
+    add_front_door_arguments(r, settings)
+    add_slo_arguments(r)
     r.set_defaults(run=run_router)
     w = sub.add_parser("worker", help="one worker that registers in the cluster's Redis",
                        description=__doc__ + "\nOther flags go to the worker server "
@@ -80,6 +95,14 @@ def _configure(args: argparse.Namespace) -> str:
     return str(args.redis_url)
 
 
+def _cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
+    from pdserve.worker.cluster_secret import read_secret_file
+
+    if args.cluster_secret_file is None:
+        return None
+    return read_secret_file(args.cluster_secret_file)
+
+
 def run_worker(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, then drain and stop; 0 once stopped cleanly."""
     from pdserve.cluster.host_address import this_host_address
@@ -103,6 +126,7 @@ def run_worker(args: argparse.Namespace) -> int:
         extra_args=(*speculation, *tiers, *args.extra),
         torch_threads=args.torch_threads,
         grace_s=args.grace_s,
+        cluster_secret=_cluster_secret(args),
     )
     agent = AgentConfig(args.key_prefix, settings.lease_s, settings.heartbeat_s,
                         settings.publish_interval_s)  # fmt: skip
@@ -135,7 +159,7 @@ async def _serve_router(args: argparse.Namespace) -> None:
     from pdserve.router.config import RouterConfig
 
     spec = RedisRouterSpec(args.redis_url, args.key_prefix, Settings.from_env().lease_s,
-                           args.model)  # fmt: skip
+                           args.model, _cluster_secret(args))  # fmt: skip
     config = RouterConfig(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -143,6 +167,8 @@ async def _serve_router(args: argparse.Namespace) -> None:
         block_size=args.block_size,
         reuse_port=args.router_processes > 1,
         **({"default_policy": args.policy} if args.policy else {}),
+        **front_door_fields(args),
+        **slo_fields(args),
     )
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

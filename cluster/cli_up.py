@@ -11,7 +11,9 @@ from typing import Any
 from pdserve.cluster.cli_autoscale import add_autoscale_arguments, autoscale_settings
 from pdserve.cluster.cli_join import check_host_name
 from pdserve.cluster.cpu_affinity import parse_cpu_affinity
+from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
+from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 from pdserve.engine.kv_cache.tier_options import add_kv_tier_arguments, kv_tier_settings
 from pdserve.engine.speculative.options import (
     add_speculative_arguments,
@@ -77,7 +79,15 @@ def add_parser(sub: Any) -> None:
         "PDSERVE_CPU_AFFINITY, else not pinned)")  # fmt: skip
     add("--max-restarts", type=int, default=settings.max_restarts)
     add("--state-file", type=Path, default=DEFAULT_STATE_FILE,
-        help="where the endpoints go once serving (default: %(default)s)")  # fmt: skip
+        help="where the endpoints go once serving, mode 0600 (default: %(default)s)")  # fmt: skip
+    add("--cluster-auth", action=argparse.BooleanOptionalAction, default=True,
+        help="secure the inside with a cluster secret: mutual TLS to the workers, "
+        "authenticated KV transfer, Redis password, Ray token (default: on)")  # fmt: skip
+    add("--cluster-secret-file", type=Path, default=settings.cluster_secret_file,
+        metavar="PATH", help="the cluster secret, kept (mode 0600; made if missing; default: "
+        "PDSERVE_CLUSTER_SECRET_FILE, else a new one per start beside the state file)")  # fmt: skip
+    add_front_door_arguments(p, settings)
+    add_slo_arguments(p)
     add("--log-level", default=settings.log_level)
     add("--worker-log-level", default="WARNING")
     add("--autoscale", action="store_true",
@@ -103,7 +113,8 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
     """Flags + settings -> UpConfig (ValueError on a bad combination)."""
     from pdserve.cluster.pool_manager import PoolTargets
     from pdserve.cluster.ray_pools import ActorResources
-    from pdserve.cluster.up import HeadSettings, UpConfig
+    from pdserve.cluster.secret import secret_source
+    from pdserve.cluster.up import UpConfig
     from pdserve.cluster.worker_agent import AgentConfig
     from pdserve.cluster.worker_launch import WorkerLaunch
     from pdserve.router.config import RouterConfig
@@ -161,6 +172,8 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         http_port=args.http_port,
         block_size=args.block_size,
         **router_kwargs,
+        **front_door_fields(args),
+        **slo_fields(args),
     )
     if args.router_processes < 1:
         raise ValueError(f"--router-processes must be >= 1, got {args.router_processes}")
@@ -171,6 +184,12 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
                              "and --decode, not --colocated alone")  # fmt: skip
         stored = DEFAULT_PROFILE_FILE.read_text() if DEFAULT_PROFILE_FILE.exists() else None
         autoscale = autoscale_settings(args, stored)
+    secret = None
+    if args.cluster_auth:
+        secret = secret_source(args.cluster_secret_file, args.state_file)
+    elif args.cluster_secret_file is not None:
+        raise ValueError("--no-cluster-auth contradicts --cluster-secret-file (or "
+                         "PDSERVE_CLUSTER_SECRET_FILE)")  # fmt: skip
     return UpConfig(
         targets=targets,
         worker=worker,
@@ -185,10 +204,19 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
         drain_timeout_s=settings.drain_timeout_s,
         router_processes=args.router_processes,
         autoscale=autoscale,
-        head=HeadSettings(check_host_name(args.name), args.advertise_address)
-        if args.head
-        else None,
+        secret=secret,
+        head=_head_settings(args),
     )
+
+
+def _head_settings(args: argparse.Namespace) -> Any:
+    """``--head``: this host's name, where the join token goes, the advertised address."""
+    from pdserve.cluster.up import HeadSettings
+
+    if not args.head:
+        return None
+    token_file = args.state_file.with_suffix(".join-token")
+    return HeadSettings(check_host_name(args.name), token_file, args.advertise_address)
 
 
 def _add_scale_parser(sub: Any) -> None:

@@ -35,7 +35,7 @@ from pathlib import Path
 import ray
 
 from pdserve.cluster.host_address import is_wildcard, this_host_address
-from pdserve.cluster.join_token import JoinToken, ray_auth_env
+from pdserve.cluster.join_token import JoinToken
 from pdserve.cluster.ray_cluster import start_or_join_ray
 from pdserve.cluster.ray_node import RayNode, RayNodeSpec
 from pdserve.cluster.ray_pools import ActorResources, RayWorkerPool
@@ -47,6 +47,7 @@ from pdserve.cluster.worker_template import read_template
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.router.config import RouterConfig
 from pdserve.router.event_loop import run as run_loop
+from pdserve.worker.cluster_secret import ClusterSecret
 
 log = logging.getLogger("pdserve.join")
 
@@ -84,7 +85,8 @@ class JoinedHost:
 
 def run_join(config: JoinConfig) -> int:
     """Join, serve until SIGINT/SIGTERM, then drain and leave. Returns 0. Ray reads its
-    authentication variables when it is imported: the caller sets ``ray_auth_env`` first."""
+    authentication variables when it is imported: the caller sets ``ray_auth_env`` first
+    (the Ray node inherits them)."""
     interrupt_on_sigterm()
     address = this_host_address(config.advertise_address, toward=config.head_address)
     try:
@@ -93,7 +95,14 @@ def run_join(config: JoinConfig) -> int:
             time.sleep(1.0)
     except KeyboardInterrupt:
         log.warning("interrupted during start-up; left the cluster")
+    finally:
+        ray_token_file(config.state_file).unlink(missing_ok=True)
     return 0
+
+
+def ray_token_file(state_file: Path) -> Path:
+    """Where this host keeps the Ray token it derives from the cluster secret (mode 0600)."""
+    return state_file.with_suffix(".ray-token")
 
 
 def _join_once(config: JoinConfig, address: str) -> bool:
@@ -128,7 +137,6 @@ def _node_spec(config: JoinConfig, address: str) -> RayNodeSpec:
         host_name=config.name,
         num_cpus=max(os.cpu_count() or 1, math.ceil(wanted)),
         log_path=config.state_file.with_suffix(".ray.log"),
-        env=ray_auth_env(config.token),
     )
 
 
@@ -142,7 +150,13 @@ def _launch(config: JoinConfig) -> WorkerLaunch:
     finally:
         client.close()
     extra_args = (*launch.worker.extra_args, *config.worker_args)
-    return replace(launch, worker=replace(launch.worker, extra_args=extra_args))
+    worker = replace(launch.worker, extra_args=extra_args, cluster_secret=_secret(config))
+    return replace(launch, worker=worker)
+
+
+def _secret(config: JoinConfig) -> ClusterSecret | None:
+    text = config.token.secret
+    return None if text is None else ClusterSecret.from_text(text)
 
 
 async def _serve(
@@ -162,7 +176,8 @@ async def _serve(
         )  # fmt: skip
         if config.router is not None:
             spec = RedisRouterSpec(config.token.redis_url, config.token.key_prefix,
-                                   launch.agent.lease_s, launch.worker.model)  # fmt: skip
+                                   launch.agent.lease_s, launch.worker.model,
+                                   launch.worker.cluster_secret)  # fmt: skip
             routers = await stack.enter_async_context(redis_routers(spec, config.router))
             bound = config.router.host
             shown = address if is_wildcard(bound) else bound

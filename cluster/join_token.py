@@ -1,10 +1,12 @@
 """The join token: what `pdserve up --head` hands to `pdserve join` on other hosts.
 
-`up --head` prints ``pdserve join HEAD_ADDRESS --token TOKEN``; the token carries what a
-joining host needs besides the head's Ray address: the cluster's Redis, its key prefix and
-the Ray cluster's authentication token. One opaque string, so that whatever else a host
-must know to join (a cluster secret) travels the same way without a new flag. It is a
-credential: give it on the command line of a trusted host, or through ``PDSERVE_JOIN_TOKEN``.
+`up --head` writes it to a file (mode 0600) beside its state file and prints ``pdserve join
+HEAD_ADDRESS --token-file FILE``; the token carries what a joining host needs besides the
+head's Ray address: the cluster's Redis URL (with its password), the key prefix, and the
+cluster secret (worker/cluster_secret.py: from it the host derives Ray's token, its workers'
+TLS certificates and the KV handshake key) or, in a cluster without one, Ray's own token.
+It is a credential: copy the file to the hosts that join; never log it
+(``PDSERVE_JOIN_TOKEN`` and ``--token`` take the text too, for scripts).
 
 Format: ``pdj1.`` + urlsafe base64 (no padding) of a JSON object.
 """
@@ -15,8 +17,10 @@ import base64
 import binascii
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from pdserve.worker.cluster_secret import ClusterSecret, write_private_text
 
 TOKEN_PREFIX = "pdj1."
 
@@ -25,7 +29,8 @@ TOKEN_PREFIX = "pdj1."
 class JoinToken:
     redis_url: str
     key_prefix: str
-    ray_auth_token: str | None = None  # None: the Ray cluster does not use token auth
+    ray_auth_token: str | None = None  # Ray's own token (no secret); None: none or derived
+    secret: str | None = field(default=None, repr=False)  # the cluster secret, text form
 
     def encode(self) -> str:
         raw = json.dumps(asdict(self), separators=(",", ":"), sort_keys=True).encode()
@@ -47,6 +52,7 @@ class JoinToken:
                 redis_url=str(fields["redis_url"]),
                 key_prefix=str(fields["key_prefix"]),
                 ray_auth_token=fields.get("ray_auth_token"),
+                secret=fields.get("secret"),
             )
         except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
             raise ValueError(
@@ -67,8 +73,12 @@ def ray_auth_token() -> str | None:
     return path.read_text().strip() if path.is_file() else None
 
 
-def ray_auth_env(token: JoinToken) -> dict[str, str]:
-    """The variables that let this process (and the Ray node it starts) into the cluster."""
-    if token.ray_auth_token is None:
-        return {}
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token.ray_auth_token}
+def ray_auth_env(token: JoinToken, token_file: Path) -> dict[str, str]:
+    """The variables that let this process (and the Ray node it starts) into the cluster.
+    With a secret, its Ray token goes to ``token_file`` (mode 0600), never into a variable."""
+    if token.secret is not None:
+        write_private_text(token_file, ClusterSecret.from_text(token.secret).ray_token())
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    if token.ray_auth_token is not None:
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token.ray_auth_token}
+    return {}

@@ -18,8 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pdserve.cluster.ray_pools import HOST_LABEL
@@ -38,8 +37,7 @@ class RayNodeSpec:
     node_ip_address: str  # this host's address, as the other nodes reach it
     host_name: str  # the node's pdserve.host label: pools place their workers by it
     num_cpus: int
-    log_path: Path
-    env: Mapping[str, str] = field(default_factory=dict)  # Ray's auth variables
+    log_path: Path  # the node inherits this process's environment: Ray's auth variables
 
     def command(self, temp_dir: str) -> list[str]:
         return [
@@ -68,7 +66,7 @@ class RayNode:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **NODE_ENV, **self.spec.env},
+                env={**os.environ, **NODE_ENV},
                 preexec_fn=die_with_parent,
             )
         deadline_s = time.monotonic() + timeout_s

@@ -22,8 +22,13 @@ dataclasses. Ray actors and worker processes get those dataclasses, never the en
 | ``PDSERVE_TORCH_THREADS`` | int | 1 | torch threads per worker (0: torch's default) |
 | ``PDSERVE_CPU_AFFINITY`` | str | (none) | pin workers: ``prefill=0;decode=1;colocated=0,1`` |
 | ``PDSERVE_LOG_LEVEL`` | str | ``INFO`` | log level of pdserve's processes |
+| ``PDSERVE_CLUSTER_SECRET_FILE`` | path | (new per `up`) | the cluster secret (mode 0600) |
+| ``PDSERVE_API_KEYS_FILE`` | path | (none) | router API keys, one per line |
+| ``PDSERVE_TLS_CERT`` | path | (none) | router TLS certificate (PEM), HTTP and gRPC |
+| ``PDSERVE_TLS_KEY`` | path | (none) | its private key (PEM) |
 
-Ray reads its own variables (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``...); see cluster/ray_pools.py.
+Files, not values: a secret in a variable or a flag would show in ``ps`` and ``/proc``.
+Ray reads its own variables (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``...); see cluster/secret.py.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from pdserve.cluster.cpu_affinity import CpuAffinity, parse_cpu_affinity
@@ -57,6 +63,10 @@ class Settings:
     torch_threads: int = 1
     log_level: str = "INFO"
     cpu_affinity: CpuAffinity = ()  # per pool; worker slot i -> cores[i % len]
+    cluster_secret_file: Path | None = None
+    api_keys_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_s < self.lease_s:
@@ -103,6 +113,10 @@ class Settings:
             torch_threads=_get(env, "TORCH_THREADS", int, d.torch_threads),
             log_level=_get(env, "LOG_LEVEL", str, d.log_level).upper(),
             cpu_affinity=_get(env, "CPU_AFFINITY", parse_cpu_affinity, d.cpu_affinity),
+            cluster_secret_file=_get(env, "CLUSTER_SECRET_FILE", Path, d.cluster_secret_file),
+            api_keys_file=_get(env, "API_KEYS_FILE", Path, d.api_keys_file),
+            tls_cert=_get(env, "TLS_CERT", Path, d.tls_cert),
+            tls_key=_get(env, "TLS_KEY", Path, d.tls_key),
         )
 
 

@@ -21,12 +21,17 @@ from pdserve.cluster.worker_launch import WorkerLaunch
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.worker.host import WorkerSpec
 
-_HOST_FIELDS = ("host", "port")  # every host binds its own
+# Every host binds its own address and port; the secret never goes to Redis (a joining
+# host has it from its join token).
+_NOT_SHARED = ("host", "port", "cluster_secret")
 
 
 def template_json(launch: WorkerLaunch) -> str:
     """The cluster-wide part of ``launch``, as JSON."""
-    worker = {k: v for k, v in dataclasses.asdict(launch.worker).items() if k not in _HOST_FIELDS}
+    spec = launch.worker
+    worker = {
+        f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.name not in _NOT_SHARED
+    }
     return json.dumps({
         "worker": worker,
         "agent": dataclasses.asdict(launch.agent),

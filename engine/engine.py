@@ -273,6 +273,11 @@ class LLMEngine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        if params.prior_output_tokens >= len(prompt):
+            raise ValueError(
+                f"prior_output_tokens ({params.prior_output_tokens}) must be fewer than the "
+                f"prompt's {len(prompt)} tokens"
+            )
         total = len(prompt) + params.max_tokens
         if len(prompt) >= self.max_model_len or total > self.max_model_len:
             raise ValueError(
@@ -310,7 +315,11 @@ class LLMEngine:
     def _sample_request(self, seq_id: str) -> SampleRequest:
         seq = self._seqs[seq_id]
         out = self._out[seq_id]
-        return SampleRequest(seq.params, seq.prompt_token_ids, seq.output_token_ids, out.index)
+        prompt, output = seq.prompt_token_ids, seq.output_token_ids
+        prior = seq.params.prior_output_tokens
+        if prior:  # an earlier attempt's output, replayed as prompt: output to the sampler
+            prompt, output = prompt[:-prior], [*prompt[-prior:], *output]
+        return SampleRequest(seq.params, prompt, output, out.index)
 
     def _emit(self, update: SequenceUpdate, results: tuple[SampleResult, ...]) -> StepOutput | None:
         out = self._out.get(update.seq_id)

@@ -15,7 +15,7 @@ element is off by at most ``scale / 2 <= (absmax / 254) * (1 + 2**-7)`` of its g
 the rounding of the destination pool's dtype. An all-zero group has scale 0 and stays 0.
 
 KV transfer (``kv_transfer/quant.py``) lays these out as wire records; the engine's host and
-disk tiers (``engine/tiers/``) keep evicted blocks in this form.
+disk tiers (``engine/tiers/``) keep evicted blocks in this form when their codec is ``int8``.
 """
 
 from __future__ import annotations

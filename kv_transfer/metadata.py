@@ -1,8 +1,9 @@
 """Connection metadata: the opaque bytes a receiver hands to its senders.
 
 ``b"PDKM" | u32 json_len | json | blob``: the json names the backend, the receiver's pool
-layout and backend fields (TCP address, NIXL buffer addresses); the blob is backend data
-(the NIXL agent metadata).
+layout, backend fields (TCP address, NIXL buffer addresses) and, when the receiver requires
+it, the connection handshake (``"auth"``, see handshake.py); the blob is backend data (the
+NIXL agent metadata).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from pdserve.kv_transfer.handshake import AUTH_SCHEME
 from pdserve.kv_transfer.layout import KVPoolLayout
 from pdserve.kv_transfer.wire import VERSION as WIRE_VERSION
 
@@ -26,6 +28,7 @@ class PeerInfo:
     int8: bool  # whether the receiver accepts int8 records
     fields: dict[str, Any]
     blob: bytes = b""
+    auth: bool = False  # the receiver accepts only connections that pass handshake.py
 
 
 def encode_peer(info: PeerInfo) -> bytes:
@@ -38,6 +41,8 @@ def encode_peer(info: PeerInfo) -> bytes:
         # and a NIXL sender sizes the receiver's staging slots by its own.
         "wire_version": WIRE_VERSION,
     }
+    if info.auth:
+        doc["auth"] = AUTH_SCHEME
     text = json.dumps(doc, sort_keys=True).encode()
     return _PREFIX.pack(_MAGIC, len(text)) + text + info.blob
 
@@ -61,8 +66,15 @@ def decode_peer(data: bytes, backend: str) -> PeerInfo:
             f"peer receiver speaks KV wire version {peer_version}, this sender speaks "
             f"{WIRE_VERSION}; run the same pdserve build on prefill and decode workers"
         )
+    auth = doc.get("auth")
+    if auth not in (None, AUTH_SCHEME):
+        raise ValueError(
+            f"peer receiver requires KV handshake {auth!r}, this sender speaks {AUTH_SCHEME!r}; "
+            "run the same pdserve build on both workers"
+        )
     layout = KVPoolLayout.from_json(doc["layout"])
-    return PeerInfo(doc["backend"], layout, bool(doc["int8"]), doc["fields"], data[end:])
+    int8 = bool(doc["int8"])
+    return PeerInfo(doc["backend"], layout, int8, doc["fields"], data[end:], auth is not None)
 
 
 def check_peer(

@@ -17,6 +17,7 @@ class TransferStats:
     transfer_seconds: float = 0.0  # summed over finished transfers
     bytes_saved_int8: int = 0  # versus sending the same blocks in the pool dtype
     transfers_in_flight: int = 0  # a gauge: open now (PENDING or TRANSFERRING)
+    connections_refused: int = 0  # closed by the receiver's handshake before any header
 
 
 class TransferCounters:
@@ -45,6 +46,12 @@ class TransferCounters:
                 s,
                 transfers_failed=s.transfers_failed + 1,
                 transfer_seconds=s.transfer_seconds + seconds,
+            )
+
+    def record_refused(self) -> None:
+        with self._lock:
+            self._stats = replace(
+                self._stats, connections_refused=self._stats.connections_refused + 1
             )
 
     def snapshot(self) -> TransferStats:

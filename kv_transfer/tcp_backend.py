@@ -4,7 +4,9 @@ The sender connects, streams ``header | record * n`` and waits for a one-message
 receiver validates the header against its pool and ``expect`` before it reads a record,
 then reads plain records straight into the destination blocks (no staging copy) and int8
 records through a small buffer. A closed or silent connection fails the transfer on both
-sides within ``io_timeout_s`` (and always by ``timeout_s``).
+sides within ``io_timeout_s`` (and always by ``timeout_s``). With an ``auth_key`` both ends
+first pass the handshake of handshake.py: a connection that fails it is closed before its
+header is read.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from pdserve.kv_transfer.config import TransferConfig
 from pdserve.kv_transfer.connector import TransferHandle
 from pdserve.kv_transfer.endpoints import ReceiverBase, SenderBase
 from pdserve.kv_transfer.expectations import Expectation
+from pdserve.kv_transfer.handshake import (
+    authenticate_receiver,
+    authenticate_sender,
+    check_auth_settings,
+)
 from pdserve.kv_transfer.layout import KVPoolLayout, pool_bytes
 from pdserve.kv_transfer.metadata import PeerInfo, encode_peer
 from pdserve.kv_transfer.sockets import (
@@ -59,6 +66,7 @@ class TcpSender(SenderBase):
     backend_name = "tcp"
 
     def _connect(self, peer: PeerInfo, raw: bytes) -> Address:
+        check_auth_settings(peer.auth, self.config.auth_key)
         return str(peer.fields["host"]), int(peer.fields["port"])
 
     def _transfer(
@@ -72,6 +80,9 @@ class TcpSender(SenderBase):
         where = f"{target[0]}:{target[1]}"
         with socket.create_connection(target, timeout=self.config.io_timeout_s) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            key = self.config.auth_key
+            if key is not None:  # before the header: nothing moves to an unproven receiver
+                authenticate_receiver(sock, key, deadline_s, self.config.io_timeout_s)
             handle.start()
             progress = _Progress()
             try:
@@ -151,7 +162,8 @@ class TcpReceiver(ReceiverBase):
     def connection_metadata(self) -> bytes:
         host, port = self.address
         fields = {"host": self.config.host if host in ("0.0.0.0", "::") else host, "port": port}
-        return encode_peer(PeerInfo(self.backend_name, self.layout, True, fields))
+        auth = self.config.auth_key is not None
+        return encode_peer(PeerInfo(self.backend_name, self.layout, True, fields, auth=auth))
 
     def _on_close(self) -> None:
         self._closed.set()
@@ -164,18 +176,20 @@ class TcpReceiver(ReceiverBase):
         assert self._listener is not None
         while not self._closed.is_set():
             try:
-                conn, _ = self._listener.accept()
+                conn, peer = self._listener.accept()
             except TimeoutError:
                 continue
             except OSError as exc:
                 if not self._closed.is_set():
                     log.error("KV TCP listener %s failed: %s", self.address, exc)
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: Address) -> None:
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not self._authenticated(conn, peer):
+                return
             exp, header = self._admit(conn)
             if exp is None or header is None:
                 return
@@ -189,6 +203,21 @@ class TcpReceiver(ReceiverBase):
             saved = quant.bytes_saved(self.layout, header.num_blocks) if header.int8 else 0
             self.table.succeed(exp, header.payload_bytes(), saved)
             send_quietly(conn, encode_ack(ACK_OK))
+
+    def _authenticated(self, conn: socket.socket, peer: Address) -> bool:
+        """Without a key, every connection; with one, only a sender that proves it. A refused
+        one is closed unanswered: no header read, no expectation touched."""
+        key = self.config.auth_key
+        if key is None:
+            return True
+        deadline_s = time.monotonic() + self.config.io_timeout_s
+        try:
+            authenticate_sender(conn, key, deadline_s, self.config.io_timeout_s)
+        except OSError as exc:
+            self._counters.record_refused()
+            log.warning("KV connection from %s:%d refused: %s", *peer[:2], exc)
+            return False
+        return True
 
     def _admit(self, conn: socket.socket) -> tuple[Expectation | None, TransferHeader | None]:
         """Read and check the header; on any problem reject the connection with the reason."""

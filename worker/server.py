@@ -3,6 +3,10 @@
     python -m pdserve.worker.server --role prefill|decode|colocated --port N \\
         [--model M] [--kv-backend nixl|tcp] [--ready-file PATH] ...
 
+With ``--cluster-secret-file`` the gRPC port serves only mutual TLS under the cluster's CA
+(worker/mutual_tls.py) and KV arrives only over authenticated connections (the TCP handshake
+of kv_transfer/handshake.py); without it, both are open to whoever reaches them.
+
 The server answers at once (health NOT_SERVING) and turns SERVING when the model is loaded
 and warm; ``--ready-file`` then gets ``{"port", "worker_id", "epoch", "pid", ...}``. From
 then on it also serves Prometheus ``/metrics`` (its GetStats figures) on ``--metrics-port``
@@ -25,7 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,10 +48,12 @@ from pdserve.engine.speculative.options import add_speculative_arguments, specul
 from pdserve.kv_transfer import FaultInjection, TransferConfig
 from pdserve.prefill_worker.prefill import PrefillService
 from pdserve.proto import worker_pb2, worker_pb2_grpc
+from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
 from pdserve.worker.colocated import GenerateService
 from pdserve.worker.convert import stats_to_proto
 from pdserve.worker.errors import status_for
 from pdserve.worker.metrics import MetricsServer, start_metrics_server, stats_fn_on_loop
+from pdserve.worker.mutual_tls import add_worker_port
 
 log = logging.getLogger("pdserve.worker")
 T = TypeVar("T")
@@ -78,6 +84,7 @@ class WorkerServerConfig:
     grace_s: float = 5.0
     torch_threads: int | None = None
     metrics_port: int = 0  # Prometheus /metrics: 0 = a free port, -1 = none
+    secret: ClusterSecret | None = field(default=None, repr=False)  # None: no mutual TLS
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -247,7 +254,7 @@ async def serve(
     server = grpc.aio.server(options=SERVER_OPTIONS)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = add_worker_port(server, f"{config.host}:{config.port}", config.secret)
     await server.start()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     stop = asyncio.Event()
@@ -350,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--grace-s", type=float, default=5.0, help="in-flight calls' grace on SIGTERM")
     add("--torch-threads", type=int, default=None)
     add("--metrics-port", type=int, default=0, help="Prometheus /metrics (0: free port, -1: none)")
+    add("--cluster-secret-file", type=Path, default=None,
+        help="cluster secret file (mode 0600): mutual TLS on gRPC, authenticated KV")  # fmt: skip
     add("--fault-pause-after-blocks", type=int, default=None, help="test hook: sender pause")
     add("--fault-pause-s", type=float, default=0.0, help="test hook: length of that pause")
     add("--log-level", default="INFO")
@@ -359,8 +368,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configs_from_args(
-    args: argparse.Namespace,
+    args: argparse.Namespace, secret: ClusterSecret | None = None
 ) -> tuple[WorkerServerConfig, EngineConfig, TransferConfig, DecodeConfig]:
+    """The configs the flags describe; ``secret`` (a host that holds it in memory) replaces
+    ``--cluster-secret-file``."""
+    if secret is None and args.cluster_secret_file is not None:
+        secret = read_secret_file(args.cluster_secret_file)
     default_id = f"{args.role}-{socket.gethostname()}-{os.getpid()}"
     worker_id = args.worker_id or re.sub(r"[^A-Za-z0-9._-]", "-", default_id)
     server = WorkerServerConfig(
@@ -374,6 +387,7 @@ def configs_from_args(
         grace_s=args.grace_s,
         torch_threads=args.torch_threads,
         metrics_port=args.metrics_port,
+        secret=secret,
     )
     engine = EngineConfig(
         model=args.model,
@@ -392,7 +406,10 @@ def configs_from_args(
     fault = None
     if args.fault_pause_after_blocks is not None:
         fault = FaultInjection(args.fault_pause_after_blocks, args.fault_pause_s)
-    transfer = TransferConfig(timeout_s=args.transfer_timeout_s, host=args.host, fault=fault)
+    auth_key = secret.kv_transfer_key() if secret is not None else None
+    transfer = TransferConfig(
+        timeout_s=args.transfer_timeout_s, host=args.host, fault=fault, auth_key=auth_key
+    )
     decode = DecodeConfig(args.reservation_timeout_s, args.transfer_timeout_s)
     return server, engine, transfer, decode
 

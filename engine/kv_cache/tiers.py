@@ -78,7 +78,8 @@ class TierStats:
     """The tiers' counters since the engine started (zeros when no tier is configured).
 
     Hits are prompt tokens served from a tier (they count as prefix-hit tokens too); bytes
-    are the int8 payloads moved: into a tier when stored, out of it when loaded back.
+    are the codec's payloads moved (``engine/tiers/codec.py``): into a tier when stored, out of
+    it when loaded back.
     """
 
     host_hit_tokens: int = 0

@@ -13,20 +13,19 @@ import logging
 import os
 from pathlib import Path
 
+import torch
+
 from pdserve.engine.kv_cache.hashing import BlockHash
 from pdserve.engine.kv_cache.tiers import LruBytes
+from pdserve.engine.tiers.codec import TierCodec
 from pdserve.engine.tiers.disk_format import (
     HEADER_PROBE_BYTES,
-    BlockShape,
     TierFileError,
     TierFileHeader,
     decode_file,
     decode_header,
-    decode_payload,
     encode_file,
-    encode_payload,
 )
-from pdserve.kv_codec import Int8Blocks
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +41,16 @@ def write_file(path: Path, data: bytes) -> None:
 
 
 class DiskTier:
-    """Blocks of one model and block shape, as files under ``directory``."""
+    """Payloads of one model and codec (which fixes the block shape), as files under
+    ``directory``."""
 
     def __init__(
-        self, directory: str | Path, capacity_bytes: int, model_id: str, shape: BlockShape
+        self, directory: str | Path, capacity_bytes: int, model_id: str, codec: TierCodec
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._model_id = model_id
-        self._shape = shape
+        self._codec = codec
         self._lru = LruBytes(capacity_bytes)
         self.stopped = False
         self._index_existing()
@@ -65,11 +65,13 @@ class DiskTier:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def put(self, block_hash: BlockHash, q: Int8Blocks) -> int:
-        """Store ``q`` as most recent; return the bytes written (0 once stopped or failed)."""
+    def put(self, block_hash: BlockHash, payload: torch.Tensor) -> int:
+        """Store ``payload`` as most recent; return the bytes written (0 once stopped or
+        failed)."""
         if self.stopped:
             return 0
-        data = encode_file(block_hash, self._model_id, self._shape, encode_payload(q))
+        c = self._codec
+        data = encode_file(block_hash, self._model_id, c.tag, c.shape, payload.numpy().tobytes())
         try:
             write_file(self._path(block_hash), data)
         except OSError as err:
@@ -80,8 +82,8 @@ class DiskTier:
             self._delete(evicted)
         return len(data)
 
-    def get(self, block_hash: BlockHash) -> tuple[Int8Blocks, int] | None:
-        """The block and the bytes read, or None (not held, or its file failed its checks:
+    def get(self, block_hash: BlockHash) -> tuple[torch.Tensor, int] | None:
+        """The payload and the bytes read, or None (not held, or its file failed its checks:
         then the file is logged and deleted)."""
         if block_hash not in self._lru:
             return None
@@ -98,7 +100,7 @@ class DiskTier:
             self._unlink(path)
             return None
         self._lru.touch(block_hash)
-        return decode_payload(payload, self._shape), len(data)
+        return torch.frombuffer(bytearray(payload), dtype=torch.uint8), len(data)
 
     # -- internals ---------------------------------------------------------------------
     def _path(self, block_hash: BlockHash) -> Path:
@@ -114,14 +116,13 @@ class DiskTier:
             log.warning("disk KV tier: cannot delete %s: %s", path, err)
 
     def _check_header_is_ours(self, header: TierFileHeader) -> None:
-        if header.model_id != self._model_id or header.shape != self._shape:
+        c = self._codec
+        theirs = (header.model_id, header.codec_tag, header.shape)
+        if theirs != (self._model_id, c.tag, c.shape):
+            raise TierFileError(f"holds {theirs}, not {(self._model_id, c.tag, c.shape)}")
+        if header.payload_bytes != c.payload_bytes:
             raise TierFileError(
-                f"holds {header.model_id} {header.shape}, not {self._model_id} {self._shape}"
-            )
-        if header.payload_bytes != self._shape.payload_bytes():
-            raise TierFileError(
-                f"payload of {header.payload_bytes} bytes, the shape needs "
-                f"{self._shape.payload_bytes()}"
+                f"payload of {header.payload_bytes} bytes, the codec needs {c.payload_bytes}"
             )
 
     def _index_existing(self) -> None:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pdserve.proto.workers import WorkerInfo
 from pdserve.router.config import RouterConfig
 from pdserve.router.edge.errors import NoWorkersError, OverloadedError, WorkerFailedError
+from pdserve.router.observe.goodput import tpot_s
 from pdserve.router.policies import (
     POLICY_NAMES,
     RouteRequest,
@@ -43,7 +44,7 @@ from pdserve.router.request.types import (
     Usage,
 )
 from pdserve.router.request.worker_calls import WorkerCalls
-from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker
+from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker, SloShedding
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
 from pdserve.router.state.locality import BlockHash, LocalityIndex, PromptBlockHasher
 from pdserve.router.state.placements import RecentPlacements
@@ -77,7 +78,14 @@ class RequestLifecycle:
         self.locality = locality
         self.hasher = hasher
         self.timing_sink: TimingSink = timing_sink or InMemoryTimingSink()
-        self.limiter = ConcurrencyLimiter(config.max_concurrent_requests, config.retry_after_s)
+        self.limiter = ConcurrencyLimiter(
+            config.max_concurrent_requests,
+            config.retry_after_s,
+            floor=min(config.min_concurrent_requests, config.max_concurrent_requests),
+            cooldown_s=config.slo.ttft_s,
+            adaptive=config.adaptive_concurrency,
+        )
+        self.shedding = SloShedding(config.shed_ttft_factor * config.slo.ttft_ms / 1000)
         self.tracker = LocalLoadTracker()
         self.placements = RecentPlacements()
         self._policies: dict[str, RoutingPolicy] = {
@@ -101,11 +109,15 @@ class RequestLifecycle:
                 progress = Progress(inp.arrival_s, inp.params.n)
                 async with aclosing(self._chunks(route)) as chunks:
                     async for chunk in chunks:
+                        first = progress.first_s is None
                         chunk = progress.saw(chunk)
                         if watch is not None:
                             watch.saw(chunk)
                         yield chunk
+                        if first:
+                            self._judge_first_token(progress)
                 summary = self._summary(route, progress)
+                self._judge_end(summary, inp.params.n)
                 if watch is not None:
                     watch.saw(summary)
                 yield summary
@@ -118,6 +130,22 @@ class RequestLifecycle:
         finally:
             if watch is not None:
                 watch.closed()
+
+    def _judge_first_token(self, progress: Progress) -> None:
+        """A late first token tells the limiter at once (the sooner it cuts, the fewer wait)."""
+        assert progress.first_s is not None
+        if progress.first_s - progress.arrival_s > self.config.slo.ttft_s:
+            self.limiter.missed(progress.first_s)
+
+    def _judge_end(self, summary: Summary, n: int) -> None:
+        timing, slo = summary.timing, self.config.slo
+        if timing.ttft_s > slo.ttft_s:
+            return  # told at the first token
+        tpot = tpot_s(timing.e2e_s, timing.ttft_s, summary.usage.completion_tokens / n)
+        if tpot is not None and tpot > slo.tpot_s:
+            self.limiter.missed(time.monotonic())
+        else:
+            self.limiter.met()
 
     def _watch(self, inp: GenerateInput) -> RequestWatch | None:
         """What follows ``inp`` to its end (router/request/metered_lifecycle.py); None: nothing."""
@@ -133,6 +161,7 @@ class RequestLifecycle:
             raise NoWorkersError(f"no live worker serves model {inp.model!r}")
         request, hashes = await self._route_request(inp, [w.worker_id for w in workers])
         ranked = policy.rank(request, [self._candidate(w) for w in workers])
+        self.shedding.check(ranked)
         if ranked and hashes:
             chosen = ranked[0].prefill_worker_id
             held = request.cached_blocks.get(chosen, 0)

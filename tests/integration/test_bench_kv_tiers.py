@@ -13,11 +13,14 @@ from pdserve.bench import kv_tiers
 pytestmark = pytest.mark.slow
 
 
-def test_quick_run_reports_the_three_configurations(tmp_path: Path) -> None:
+def test_quick_run_reports_every_configuration(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     assert kv_tiers.main(["--quick", "--json", str(out)]) == 0
     rows = {r["config"]: r for r in json.loads(out.read_text())}
-    assert set(rows) == {"pool only", "host tier", "disk tier"}
-    assert rows["host tier"]["prefix_hit_rate"] > rows["pool only"]["prefix_hit_rate"]
-    assert rows["disk tier"]["prefix_hit_rate"] > rows["pool only"]["prefix_hit_rate"]
-    assert rows["pool only"]["same_first_tokens"] == 1.0
+    tiered = {"host exact", "host int8", "disk exact", "disk int8"}
+    assert set(rows) == {"pool only"} | tiered
+    for name in tiered:
+        assert rows[name]["prefix_hit_rate"] > rows["pool only"]["prefix_hit_rate"], name
+    for name in ("pool only", "host exact", "disk exact"):
+        assert rows[name]["same_first_tokens"] == 1.0, name
+    assert rows["host int8"]["tier_mb"] < rows["host exact"]["tier_mb"] / 3, "fp32 vs int8"

@@ -1,6 +1,7 @@
 """Greedy output is unchanged (fp32) when a prompt's prefix blocks were evicted from a tiny
-pool and come back from the host tier, from the disk tier, and from the disk tier a new
-engine indexes at start; in bf16 from the host tier; the tier counters show the hits."""
+pool and come back from the host tier (kept exact, or as int8), from the disk tier, and from
+the disk tier a new engine indexes at start; in bf16 from the host tier (exact and int8);
+the tier counters show the hits."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 POOL = {"num_blocks": 40, "block_size": 16}  # 640 token slots
-HOST_BYTES = 64 * 200_000  # room for 64 int8 blocks of the default model
+HOST_BYTES = 64 * 740_000  # room for 64 exact fp32 blocks of the default model
 PREFIX_TOKENS = 320  # 20 blocks, shared by the two questions
 FILLER_TOKENS = 624  # + 16 new tokens = all 40 blocks: evicts the whole prefix
 
@@ -69,10 +70,12 @@ def _evict_then_ask(llm: LLM, prompts: dict[str, list[int]]) -> list[int]:
     return tokens
 
 
+@pytest.mark.parametrize("codec", ["exact", "int8"])
 def test_prefix_back_from_host_memory_changes_no_token(
-    loaded: LoadedModel, prompts: dict[str, list[int]], reference: list[int]
+    loaded: LoadedModel, prompts: dict[str, list[int]], reference: list[int], codec: str
 ) -> None:
-    llm = LLM(loaded=loaded, host_tier_bytes=HOST_BYTES, **POOL)
+    """int8 is not bit-exact: on this prompt its tokens are the same all the same."""
+    llm = LLM(loaded=loaded, host_tier_bytes=HOST_BYTES, tier_codec=codec, **POOL)
     assert _evict_then_ask(llm, prompts) == reference
     stats = llm.engine.tier_stats()
     assert stats.host_hit_tokens == PREFIX_TOKENS, stats
@@ -95,10 +98,11 @@ def test_prefix_back_from_disk_and_after_a_restart_changes_no_token(
     assert restarted.engine.tier_stats().disk_hit_tokens == PREFIX_TOKENS
 
 
+@pytest.mark.parametrize("codec", ["exact", "int8"])
 def test_bf16_prefix_back_from_host_memory_changes_no_token(
-    default_model_source: Any, smollm2_tokenizer: Any, prompts: dict[str, list[int]]
+    default_model_source: Any, smollm2_tokenizer: Any, prompts: dict[str, list[int]], codec: str
 ) -> None:
-    """The int8 blocks come back into a bf16 pool. The reference is the same engine without
+    """The blocks come back into a bf16 pool. The reference is the same engine without
     tiers on the second prompt alone (after the filler it would recompute it all the same),
     computing the whole prompt where the tiered one computes only its tail: the same tokens
     need linears whose rows do not depend on the batch (as in test_engine_greedy's bf16
@@ -109,6 +113,6 @@ def test_bf16_prefix_back_from_host_memory_changes_no_token(
     loaded = LoadedModel(default_model_source, weights, smollm2_tokenizer, "bfloat16")
     bf16 = {"loaded": loaded, "dtype": "bfloat16", **POOL}
     without_tiers = LLM(**bf16).generate([prompts["second"]], GREEDY)[0].token_ids
-    llm = LLM(host_tier_bytes=HOST_BYTES, **bf16)
+    llm = LLM(host_tier_bytes=HOST_BYTES, tier_codec=codec, **bf16)
     assert _evict_then_ask(llm, prompts) == without_tiers
     assert llm.engine.tier_stats().host_hit_tokens == PREFIX_TOKENS

@@ -275,6 +275,40 @@ def test_router_deployment_and_service() -> None:
     assert one(docs, "Deployment", name("router"))["spec"]["replicas"] == 2
 
 
+def test_router_front_door_from_secrets() -> None:
+    """API keys and TLS come from Secrets mounted read-only; kubelet's gRPC probes cannot
+    speak TLS, so the probes change; the scrape of /metrics turns HTTPS."""
+    docs = render(load_values("router-front-door.yaml"))
+    router = container(docs, "router")
+    assert arg_value(router, "--api-keys-file") == "/etc/pdserve/api-keys/api-keys"
+    assert arg_value(router, "--tls-cert") == "/etc/pdserve/tls/tls.crt"
+    assert arg_value(router, "--tls-key") == "/etc/pdserve/tls/tls.key"
+    mounts = {m["name"]: (m["mountPath"], m.get("readOnly")) for m in router["volumeMounts"]}
+    assert mounts["api-keys"] == ("/etc/pdserve/api-keys", True)
+    assert mounts["tls"] == ("/etc/pdserve/tls", True)
+    pod = one(docs, "Deployment", name("router"))["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["api-keys"]["secret"] == {
+        "secretName": "pdserve-api-keys",
+        "defaultMode": 0o400,
+        "items": [{"key": "keys.txt", "path": "api-keys"}],
+    }
+    assert volumes["tls"]["secret"] == {"secretName": "pdserve-router-tls", "defaultMode": 0o400}
+    readiness = router["readinessProbe"]
+    assert readiness["httpGet"] == {"path": "/health", "port": 8000, "scheme": "HTTPS"}
+    for probe in ("startupProbe", "livenessProbe"):
+        assert router[probe]["tcpSocket"] == {"port": 50051} and "grpc" not in router[probe]
+    ports = one(docs, "Service", name("router"))["spec"]["ports"]
+    assert [p.get("appProtocol") for p in ports] == ["https", None]
+    scrape = one(docs, "ServiceMonitor", FULLNAME)["spec"]["endpoints"][0]
+    assert (scrape["port"], scrape["scheme"]) == ("http", "https")
+    assert scrape["tlsConfig"] == {"insecureSkipVerify": True}
+    files = render_files(load_values("router-front-door.yaml"))
+    notes = next(text for path, text in files.items() if path.endswith("NOTES.txt"))
+    assert "curl -k https://127.0.0.1:8000/v1/completions" in notes
+    assert "Authorization: Bearer $API_KEY" in notes
+
+
 @pytest.mark.parametrize("pool", POOLS)
 def test_workers_run_the_worker_server_with_grpc_probes(pool: str) -> None:
     docs = render({})
@@ -343,6 +377,46 @@ def test_decode_speculative_values_become_the_decode_workers_flags() -> None:
     decode = container(render({"decode": {"speculative": draft}}), "decode")
     assert arg_value(decode, "--draft-model") == "/models/draft"
     assert arg_value(decode, "--draft-num-blocks") == "1000000"  # an integer, not 1e+06
+
+
+def test_kv_tier_values_become_the_workers_flags_and_a_volume() -> None:
+    from pdserve.engine.config import CacheConfig
+    from pdserve.worker.server import build_parser as worker_server_parser
+    from pdserve.worker.server import configs_from_args
+
+    def cache_of(c: dict[str, Any], role: str) -> CacheConfig:
+        worker_args = [a for a in c["args"][1:] if a.startswith("--kv-")]
+        args = worker_server_parser().parse_args(["--role", role, *worker_args])
+        return configs_from_args(args)[1].cache
+
+    defaults = render({})
+    for pool in POOLS:
+        assert not any(
+            a.startswith("--kv-") and "tier" in a for a in container(defaults, pool)["args"]
+        )
+        assert cache_of(container(defaults, pool), pool) == CacheConfig()
+    docs = render(load_values("kv-tiers.yaml"))
+    prefill = cache_of(container(docs, "prefill"), "prefill")
+    assert (prefill.host_tier_bytes, prefill.disk_tier_path) == (2 * 1024**3, None)
+    decode_container = container(docs, "decode")
+    decode = cache_of(decode_container, "decode")
+    assert (decode.host_tier_bytes, decode.tier_codec) == (1024**3, "int8")
+    assert (decode.disk_tier_path, decode.disk_tier_bytes) == (
+        "/var/cache/pdserve/kv-tier",
+        40 * 1024**3,
+    )
+    mounts = {m["name"]: m["mountPath"] for m in decode_container["volumeMounts"]}
+    assert mounts["kv-tier"] == decode.disk_tier_path
+    pod = one(docs, "Deployment", name("decode"))["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["kv-tier"]["emptyDir"] == {"sizeLimit": "44Gi"}
+    prefill_pod = one(docs, "Deployment", name("prefill"))["spec"]["template"]["spec"]
+    assert "kv-tier" not in {v["name"] for v in prefill_pod["volumes"]}
+    ephemeral = {"ephemeral": {"volumeClaimTemplate": {"spec": {"storageClassName": "nvme"}}}}
+    disk = {"enabled": True, "bytes": "1GiB", "sizeLimit": "2Gi", "volume": ephemeral}
+    pod = one(render({"decode": {"kvTiers": {"disk": disk}}}), "Deployment", name("decode"))
+    (volume,) = [v for v in pod["spec"]["template"]["spec"]["volumes"] if v["name"] == "kv-tier"]
+    assert volume == {"name": "kv-tier", **ephemeral}
 
 
 def test_no_gpu_is_requested_by_default() -> None:
@@ -669,6 +743,12 @@ def test_optional_parts_off() -> None:
             "at '/redis/bundled/auth/password'",
             "does not match pattern",
         ),
+        (
+            {"decode": {"kvTiers": {"codec": "zstd"}}},
+            "at '/decode/kvTiers/codec'",
+            "must be one of",
+        ),
+        ({"prefill": {"kvTiers": {"hostBytes": "2GB"}}}, "at '/prefill/kvTiers/hostBytes'", ""),
     ],
 )
 def test_schema_rejects_bad_values(values: dict[str, Any], where: str, what: str) -> None:

@@ -3,8 +3,11 @@
 Three hosts (tests/integration/netns_hosts.py), started only with the commands a user runs:
 
     head  `pdserve up --head`: Redis, Ray head, router; no workers of its own
-    pf    `pdserve join HEAD --token T --prefill 1 --decode 1 --router`
-    dc    `pdserve join HEAD --token T --decode 1`
+    pf    `pdserve join HEAD --token-file F --prefill 1 --decode 1 --router`
+    dc    `pdserve join HEAD --token-file F --decode 1`
+
+The cluster is secured as `pdserve up` secures it by default: the join token file carries
+its secret, and the test asks the workers for their figures with the secret's certificate.
 
 Real Ray across the namespaces (token auth), real redis-server, gRPC and NIXL (UCX over TCP,
 ``UCX_TLS=tcp``: no shared memory between the "hosts") with the real model. Checked:
@@ -44,6 +47,8 @@ from pdserve.cluster.registry import WorkerRegistry
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo
+from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
+from pdserve.worker.mutual_tls import client_tls
 from tests.integration.cluster_proc import GrpcResult, grpc_generate, wait_until
 from tests.integration.netns_hosts import Host, Lan, lan, skip_reason
 
@@ -94,9 +99,10 @@ class Cluster:
     lan: Lan
     state_dir: Path
     head_state: dict[str, Any]
-    join_args: tuple[str, ...]  # HEAD_ADDRESS --token TOKEN
+    join_args: tuple[str, ...]  # HEAD_ADDRESS --token-file FILE
     redis: redis.Redis
     keys: RedisKeys
+    secret: ClusterSecret
 
     @property
     def head(self) -> Host:
@@ -131,10 +137,11 @@ def cluster(
     hosts.hosts["head"].popen(command, ENV, state_dir / "head.log")
     request.getfixturevalue("hf_smollm2")  # the reference loads while the head starts
     head_state = _wait_for_state(head_state_file, state_dir / "head.log")
-    _, _, head_address, _, token, *_ = head_state["join_command"].split()
+    _, _, head_address, _, token_file, *_ = head_state["join_command"].split()
     client = redis.Redis.from_url(head_state["redis_url"], socket_timeout=5)
-    built = Cluster(hosts, state_dir, head_state, (head_address, "--token", token), client,
-                    RedisKeys(head_state["key_prefix"]))  # fmt: skip
+    secret = read_secret_file(Path(head_state["secret_file"]))
+    built = Cluster(hosts, state_dir, head_state, (head_address, "--token-file", token_file),
+                    client, RedisKeys(head_state["key_prefix"]), secret)  # fmt: skip
     built.join("pf", "--prefill", "1", "--decode", "1", "--router")
     built.join("dc", "--decode", "1")
     try:
@@ -179,8 +186,10 @@ def generate(address: str, ids: list[int], max_tokens: int = MAX_TOKENS) -> Grpc
     return grpc_generate(address, ids, max_tokens, ignore_eos=True)
 
 
-def worker_stats(address: str) -> Any:
-    with grpc.insecure_channel(address) as channel:
+def worker_stats(cluster: Cluster, address: str) -> Any:
+    """The worker's GetStats, asked as a member of the cluster (mutual TLS)."""
+    tls = client_tls(cluster.secret)
+    with grpc.secure_channel(address, tls.credentials, options=list(tls.options)) as channel:
         return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.StatsRequest(), timeout=10)
 
 
@@ -218,11 +227,15 @@ def test_only_the_blocks_the_decode_host_lacks_cross_the_link(
     longer = base + hf_tokenizer(MORE_PROMPT).input_ids
     assert len(base) >= 3 * block, "several full blocks"
 
-    sent0, received0 = worker_stats(prefill).transfer_bytes, worker_stats(decode).transfer_bytes
+    def transferred() -> tuple[int, int]:
+        stats = worker_stats(cluster, prefill), worker_stats(cluster, decode)
+        return stats[0].transfer_bytes, stats[1].transfer_bytes
+
+    sent0, received0 = transferred()
     link0 = cluster.host("pf").sent_bytes()
     first = generate(cluster.head_state["grpc"], base, 2)
     assert first.decode_worker == "decode-dc-0"
-    sent1, received1 = worker_stats(prefill).transfer_bytes, worker_stats(decode).transfer_bytes
+    sent1, received1 = transferred()
     block_bytes, leftover = divmod(sent1 - sent0, -(-len(base) // block))
     assert leftover == 0 and block_bytes > 0, "the first transfer moves every block of the prompt"
     assert received1 - received0 == sent1 - sent0
@@ -232,7 +245,7 @@ def test_only_the_blocks_the_decode_host_lacks_cross_the_link(
     second = generate(cluster.head_state["grpc"], longer, 2)
     assert second.decode_worker == "decode-dc-0"
     missing = -(-len(longer) // block) - len(base) // block
-    sent2, received2 = worker_stats(prefill).transfer_bytes, worker_stats(decode).transfer_bytes
+    sent2, received2 = transferred()
     assert sent2 - sent1 == received2 - received1 == missing * block_bytes
 
 
@@ -256,7 +269,8 @@ def test_a_host_cut_off_is_forgotten_while_the_rest_serves_and_it_rejoins(
     long_tokens = 64
     with ThreadPoolExecutor(len(prompts)) as pool:
         streams = [pool.submit(generate, router, ids, long_tokens) for ids in prompts]
-        wait_until(lambda: worker_stats(old.address).running > 0, 60, "a request decoding on dc")
+        wait_until(lambda: worker_stats(cluster, old.address).running > 0, 60,
+                   "a request decoding on dc")  # fmt: skip
         dc.cut_off()
         cut_s = time.monotonic()
         wait_until(lambda: "decode-dc-0" not in cluster.workers(), 2 * LEASE_S, "dc forgotten")

@@ -14,6 +14,7 @@ import pytest
 from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
 from pdserve.proto.workers import WorkerLoad
 from pdserve.router.config import RouterConfig
+from pdserve.router.policies.types import CostModel
 from pdserve.router.request.types import InMemoryTimingSink
 from pdserve.router.state.locality import InProcessLocalityIndex, engine_prompt_hasher
 from tests.integration.stub_worker import FakeCharTokenizer, StubCluster, start_stub_cluster
@@ -190,6 +191,31 @@ def test_concurrency_limit_is_429_with_retry_after() -> None:
         assert generate(cluster, text="hi")[-1].chunk.finish_reason == "length"
     finally:
         cluster.stop()
+
+
+def test_a_request_predicted_to_miss_its_ttft_by_far_is_shed_with_429() -> None:
+    """Prefill costs 0.5 s a token here: "hi" is predicted at about 1 s, within 3 x the 1 s
+    TTFT objective; a prompt of 10 tokens or more, at 5 s or more, is refused before any
+    worker is called, with a retry hint of the excess."""
+    slow = CostModel(prefill_s_per_token=0.5)
+    cluster = start_stub_cluster({"w0": "colocated"}, RouterConfig(cost=slow))
+    try:
+        assert generate(cluster, text="hi")[-1].chunk.finish_reason == "length"
+        url = f"{cluster.http_url}/v1/completions"
+        refused = httpx.post(url, json={"model": "fake-model", "prompt": "x" * 10})
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 2
+        assert "past the 3.0 s the router admits" in refused.json()["error"]["message"]
+        with pytest.raises(grpc.RpcError) as caught:
+            generate(cluster, text="x" * 10)
+        assert caught.value.code() is S.RESOURCE_EXHAUSTED
+        assert methods(cluster, "w0") == ["Generate"]  # only the admitted request got there
+    finally:
+        cluster.stop()
+    never = start_stub_cluster({"w0": "colocated"}, RouterConfig(cost=slow, shed_ttft_factor=0))
+    try:
+        assert generate(never, text="x" * 10)[-1].chunk.finish_reason == "length"
+    finally:
+        never.stop()
 
 
 def test_prefix_aware_routing_follows_the_locality_index() -> None:

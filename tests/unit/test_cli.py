@@ -65,6 +65,17 @@ def _up_args(*flags: str) -> argparse.Namespace:
     return args
 
 
+def test_up_and_router_take_the_slo_and_its_admission_factor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = _up_args("--slo-ttft-ms", "500", "--slo-tpot-ms", "80", "--shed-ttft-factor", "2")
+    router = build_up_config(args, Settings.from_env()).router
+    assert (router.slo.ttft_ms, router.slo.tpot_ms, router.shed_ttft_factor) == (500, 80, 2)
+    assert build_up_config(_up_args(), Settings.from_env()).router.shed_ttft_factor == 3.0
+    assert main(["up", "--slo-ttft-ms", "0"]) == 2
+    assert "--slo-ttft-ms and --slo-tpot-ms must be > 0" in capsys.readouterr().err
+
+
 def test_up_gives_the_speculative_flags_to_decode_and_colocated_workers_only() -> None:
     args = _up_args("--speculative", "ngram", "--num-speculative-tokens", "4", "--ngram-max", "3")
     launch = build_up_config(args, Settings.from_env()).worker
@@ -141,16 +152,19 @@ def test_tier_sizes_take_binary_units_or_plain_bytes() -> None:
 
 def test_worker_server_tier_flags_reach_the_cache_config() -> None:
     argv = ["--role", "decode", "--kv-host-tier-bytes", "2GiB", "--kv-disk-tier-path", "/kv",
-            "--kv-disk-tier-bytes", "512MiB"]  # fmt: skip
+            "--kv-disk-tier-bytes", "512MiB", "--kv-tier-codec", "int8"]  # fmt: skip
     _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
     assert (engine.cache.host_tier_bytes, engine.cache.disk_tier_path) == (2 * 1024**3, "/kv")
     assert engine.cache.disk_tier_bytes == 512 * 1024**2
+    assert engine.cache.tier_codec == "int8"
     _server, plain, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv[:2]))
     assert plain.cache == CacheConfig()
 
 
 def test_up_gives_every_worker_the_tiers_and_its_own_disk_directory() -> None:
-    args = _up_args("--kv-host-tier-bytes", "1MiB", "--kv-disk-tier-path", "/kv")
+    args = _up_args(
+        "--kv-host-tier-bytes", "1MiB", "--kv-disk-tier-path", "/kv", "--kv-tier-codec", "int8"
+    )
     launch = build_up_config(args, Settings.from_env()).worker
     dirs = []
     for role, worker_id in [
@@ -161,6 +175,7 @@ def test_up_gives_every_worker_the_tiers_and_its_own_disk_directory() -> None:
         argv = launch.for_worker(role, worker_id).worker.server_args()
         _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
         assert engine.cache.host_tier_bytes == 1024**2, role
+        assert engine.cache.tier_codec == "int8", role
         dirs.append(engine.cache.disk_tier_path)
     assert dirs == ["/kv/prefill-0", "/kv/decode-0", "/kv/decode-1"]
     plain = build_up_config(_up_args(), Settings.from_env()).worker
@@ -217,5 +232,10 @@ def test_help_shows_the_tier_flags(command: str, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main([command, "--help"])
     out = capsys.readouterr().out
-    for flag in ("--kv-host-tier-bytes SIZE", "--kv-disk-tier-path DIR", "--kv-disk-tier-bytes"):
+    for flag in (
+        "--kv-host-tier-bytes SIZE",
+        "--kv-disk-tier-path DIR",
+        "--kv-disk-tier-bytes",
+        "--kv-tier-codec {exact,int8}",
+    ):
         assert flag in out, (command, flag)

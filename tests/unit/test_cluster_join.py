@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -21,9 +23,11 @@ from pdserve.cluster.settings import Settings
 from pdserve.cluster.worker_agent import AgentConfig
 from pdserve.cluster.worker_launch import WorkerLaunch
 from pdserve.cluster.worker_template import launch_from_json, template_json
+from pdserve.worker.cluster_secret import ClusterSecret
 from pdserve.worker.host import WorkerSpec
 
 TOKEN = JoinToken("redis://10.0.0.1:6400/0", "pd:", "secret-ray-token")
+SECRET = ClusterSecret.generate()
 
 ROUTES = """\
 Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
@@ -37,6 +41,9 @@ def test_join_token_round_trips_and_is_one_opaque_word() -> None:
     assert text.startswith("pdj1.") and len(text.split()) == 1
     assert JoinToken.decode(f"  {text}\n") == TOKEN
     assert JoinToken.decode(JoinToken("redis://h:1/0", "p:").encode()).ray_auth_token is None
+    secured = JoinToken("redis://:pw@h:1/0", "p:", secret=SECRET.to_text())
+    assert JoinToken.decode(secured.encode()) == secured
+    assert SECRET.to_text() not in repr(secured)
 
 
 @pytest.mark.parametrize("bad", ["", "pdj2.abc", "eyJhIjoxfQ"])
@@ -53,9 +60,21 @@ def test_a_damaged_token_is_refused() -> None:
     assert cut not in str(err.value)
 
 
-def test_ray_auth_variables_follow_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ray_auth_env(TOKEN) == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "secret-ray-token"}
-    assert ray_auth_env(JoinToken("redis://h:1/0", "p:")) == {}
+def test_ray_auth_variables_follow_the_token(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    file = tmp_path / "join.ray-token"
+    assert ray_auth_env(TOKEN, file) == {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": "secret-ray-token",
+    }
+    assert ray_auth_env(JoinToken("redis://h:1/0", "p:"), file) == {}
+    assert not file.exists()
+    # with a secret: the head's Ray token, derived here, in a file only the owner reads
+    secured = JoinToken("redis://h:1/0", "p:", secret=SECRET.to_text())
+    env = ray_auth_env(secured, file)
+    assert env == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(file)}
+    assert file.read_text() == SECRET.ray_token() and file.stat().st_mode & 0o777 == 0o600
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("RAY_AUTH_TOKEN", "abc")
     assert ray_auth_token() == "abc"
@@ -83,8 +102,9 @@ def test_the_worker_template_carries_what_hosts_share_and_nothing_of_one_host() 
         role_args={"decode": ("--speculative", "ngram")},
         cpu_affinity=(("prefill", (0,)),),
     )  # fmt: skip
+    head = replace(head, worker=replace(head.worker, cluster_secret=SECRET))
     text = template_json(head)
-    assert "10.0.0.1" not in text and "6400" not in text
+    assert "10.0.0.1" not in text and "6400" not in text and "secret" not in text
     launch = launch_from_json(text, "redis://10.0.0.1:6400/0", "auto")
     assert launch.worker == WorkerSpec("prefill", "template-0", host="auto", model="m",
                                        dtype="bfloat16", kv_backend="tcp",
@@ -108,8 +128,15 @@ def test_join_flags_become_a_config() -> None:
     assert config.router is not None and config.router.host == "0.0.0.0"
 
 
+def test_join_reads_its_token_from_the_file_up_wrote(tmp_path: Path) -> None:
+    file = tmp_path / "up.join-token"
+    file.write_text(TOKEN.encode() + "\n")
+    config = build_join_config(_join_args("--token-file", str(file), "--prefill", "1"), Settings())
+    assert config.token == TOKEN
+
+
 def test_join_refuses_what_cannot_work() -> None:
-    with pytest.raises(ValueError, match="--token"):
+    with pytest.raises(ValueError, match="--token-file"):
         build_join_config(_join_args("--decode", "1"), Settings())
     with pytest.raises(ValueError, match="nothing to run"):
         build_join_config(_join_args("--token", TOKEN.encode()), Settings())
