@@ -2,10 +2,12 @@
 
     python -m tests.integration.netns_kv_peer receiver|sender BACKEND DIR HOST_ADDRESS
 
-The receiver registers a zeroed pool, writes its connection metadata to DIR/meta and expects
-``DST``; the sender registers a seeded pool and writes ``SRC`` into those blocks. Each prints
-one JSON line: the transfer's end state, its counted bytes, and (receiver) whether the blocks
-that landed are the sender's, bit for bit, with every other block still zero.
+Both ends hold one key (the TCP path authenticates each connection with it, as workers do
+with the key of their cluster secret). The receiver registers a zeroed pool, writes its
+connection metadata to DIR/meta and expects ``DST``; the sender registers a seeded pool and
+writes ``SRC`` into those blocks. Each prints one JSON line: the transfer's end state, its
+counted bytes, and (receiver) whether the blocks that landed are the sender's, bit for bit,
+with every other block still zero.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from pdserve.kv_transfer.peer_process import make_pool
 LAYOUT = KVPoolLayout(16, 4, 16, 2, 64, torch.float32)  # 64 KiB blocks
 SRC, DST = [0, 1, 2, 4], [3, 5, 6, 7]
 SEED = 7
+AUTH_KEY = bytes(range(32))  # both ends share it, as a cluster's hosts share their secret
 TIMEOUT_S = 60.0
 
 
 def main(role: str, backend: str, directory: Path, host: str) -> dict[str, object]:
-    config = TransferConfig(timeout_s=TIMEOUT_S, host=host)
+    config = TransferConfig(timeout_s=TIMEOUT_S, host=host, auth_key=AUTH_KEY)
     meta = directory / f"{backend}.meta"
     if role == "receiver":
         pool = make_pool(LAYOUT, None)
