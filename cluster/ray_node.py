@@ -72,6 +72,7 @@ class RayNode:
         deadline_s = time.monotonic() + timeout_s
         while STARTED_LINE not in self._log_text():
             if not self.alive:
+                self.stop()  # removes its temporary directory
                 raise RuntimeError(f"`ray start` to join {self.spec.head_address} failed:\n"
                                    f"{self._log_text()[-3000:]}")  # fmt: skip
             if time.monotonic() > deadline_s:
