@@ -10,7 +10,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
+from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 
 DEFAULT_STATE_FILE = Path.home() / ".pdserve" / "join.json"
 ROLES = ("prefill", "decode", "colocated")
@@ -54,6 +56,9 @@ def add_parsers(sub: Any) -> None:
     add("--router-host", default="0.0.0.0", help="the router's bind address")
     add("--http-port", type=int, default=8000)
     add("--grpc-port", type=int, default=50051)
+    add("--policy", default=None, help="default routing policy of the router")
+    add_front_door_arguments(p, settings)  # the router's: give it the head's front door
+    add_slo_arguments(p)
     add("--state-file", type=Path, default=DEFAULT_STATE_FILE,
         help="where the joined host is recorded for `pdserve leave` (default: "
         "%(default)s)")  # fmt: skip
@@ -96,8 +101,14 @@ def build_join_config(args: argparse.Namespace, settings: Settings) -> Any:
         raise ValueError("nothing to run here: give --prefill, --decode, --colocated or --router")
     router = None
     if args.router:
-        router = RouterConfig(host=args.router_host, grpc_port=args.grpc_port,
-                              http_port=args.http_port)  # fmt: skip
+        router = RouterConfig(
+            host=args.router_host,
+            grpc_port=args.grpc_port,
+            http_port=args.http_port,
+            **({"default_policy": args.policy} if args.policy else {}),
+            **front_door_fields(args),
+            **slo_fields(args),
+        )
     return JoinConfig(
         head_address=args.head_address,
         token=join_token(args),

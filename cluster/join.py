@@ -47,6 +47,7 @@ from pdserve.cluster.worker_template import read_template
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.router.config import RouterConfig
 from pdserve.router.event_loop import run as run_loop
+from pdserve.worker import server as ws
 from pdserve.worker.cluster_secret import ClusterSecret
 
 log = logging.getLogger("pdserve.join")
@@ -64,7 +65,7 @@ class JoinConfig:
     state_file: Path
     advertise_address: str | None = None  # None: toward the head
     worker_args: tuple[str, ...] = ()  # this host's own worker server flags (--num-blocks)
-    router: RouterConfig | None = None  # a router on this host too
+    router: RouterConfig | None = None  # a router on this host too (its block size: the head's)
     ready_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
     supervise_s: float = 1.0
@@ -178,7 +179,8 @@ async def _serve(
             spec = RedisRouterSpec(config.token.redis_url, config.token.key_prefix,
                                    launch.agent.lease_s, launch.worker.model,
                                    launch.worker.cluster_secret)  # fmt: skip
-            routers = await stack.enter_async_context(redis_routers(spec, config.router))
+            router = replace(config.router, block_size=_block_size(launch))
+            routers = await stack.enter_async_context(redis_routers(spec, router))
             bound = config.router.host
             shown = address if is_wildcard(bound) else bound
             service = routers.service
@@ -194,6 +196,13 @@ async def _serve(
             for role, pool in pools.items():
                 await asyncio.to_thread(_keep, pool, config.workers[role])
     return False
+
+
+def _block_size(launch: WorkerLaunch) -> int:
+    """The workers' block size, which the router hashes prompts with: their server's flags
+    read by their server's own parser."""
+    block_size: int = ws.build_parser().parse_args(launch.worker.server_args()).block_size
+    return block_size
 
 
 def _keep(pool: RayWorkerPool, target: int) -> None:

@@ -27,7 +27,7 @@ TOKEN_PREFIX = "pdj1."
 
 @dataclass(slots=True, frozen=True)
 class JoinToken:
-    redis_url: str
+    redis_url: str = field(repr=False)  # carries the Redis password
     key_prefix: str
     ray_auth_token: str | None = None  # Ray's own token (no secret); None: none or derived
     secret: str | None = field(default=None, repr=False)  # the cluster secret, text form
