@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import socket
 from pathlib import Path
@@ -184,6 +185,8 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
                              "and --decode, not --colocated alone")  # fmt: skip
         stored = DEFAULT_PROFILE_FILE.read_text() if DEFAULT_PROFILE_FILE.exists() else None
         autoscale = autoscale_settings(args, stored)
+        if args.head:  # the planner's /metrics, like the router's, for the other hosts
+            autoscale = dataclasses.replace(autoscale, metrics_host=router.host)
     secret = None
     if args.cluster_auth:
         secret = secret_source(args.cluster_secret_file, args.state_file)
