@@ -163,11 +163,6 @@ def _wait_for_state(path: Path, log: Path) -> dict[str, Any]:
     return state
 
 
-@pytest.fixture(scope="module")
-def hf_tokenizer(hf_smollm2_tokenizer: Any) -> Any:
-    return hf_smollm2_tokenizer
-
-
 def hf_greedy(model: Any, ids: list[int], max_tokens: int) -> list[int]:
     """transformers' greedy continuation, EOS ignored (as ``ignore_eos`` asks the cluster)."""
     import torch
@@ -198,13 +193,13 @@ def host_of(worker: WorkerInfo) -> str:
 
 
 def test_greedy_across_hosts_equals_transformers(
-    cluster: Cluster, hf_smollm2: Any, hf_tokenizer: Any
+    cluster: Cluster, hf_smollm2: Any, hf_smollm2_tokenizer: Any
 ) -> None:
     workers = cluster.workers()
     assert host_of(workers["prefill-pf-0"]) == cluster.host("pf").address
     assert host_of(workers["decode-dc-0"]) == cluster.host("dc").address
     for prompt in PROMPTS:
-        ids = hf_tokenizer(prompt).input_ids
+        ids = hf_smollm2_tokenizer(prompt).input_ids
         got = generate(cluster.head_state["grpc"], ids)
         assert got.token_ids == hf_greedy(hf_smollm2, ids, MAX_TOKENS), prompt
         # the prompt ran on pf, the rest on dc: two hosts (ties go to the first worker id)
@@ -218,13 +213,13 @@ def test_greedy_across_hosts_equals_transformers(
 
 
 def test_only_the_blocks_the_decode_host_lacks_cross_the_link(
-    cluster: Cluster, hf_tokenizer: Any
+    cluster: Cluster, hf_smollm2_tokenizer: Any
 ) -> None:
     workers = cluster.workers()
     prefill, decode = workers["prefill-pf-0"].address, workers["decode-dc-0"].address
     block = workers["decode-dc-0"].block_size
-    base = hf_tokenizer(BASE_PROMPT).input_ids
-    longer = base + hf_tokenizer(MORE_PROMPT).input_ids
+    base = hf_smollm2_tokenizer(BASE_PROMPT).input_ids
+    longer = base + hf_smollm2_tokenizer(MORE_PROMPT).input_ids
     assert len(base) >= 3 * block, "several full blocks"
 
     def transferred() -> tuple[int, int]:
@@ -250,22 +245,24 @@ def test_only_the_blocks_the_decode_host_lacks_cross_the_link(
 
 
 def test_second_router_on_a_worker_host_answers_the_same(
-    cluster: Cluster, hf_smollm2: Any, hf_tokenizer: Any
+    cluster: Cluster, hf_smollm2: Any, hf_smollm2_tokenizer: Any
 ) -> None:
     pf_state = json.loads((cluster.state_dir / "pf.json").read_text())
     assert pf_state["grpc"].startswith(cluster.host("pf").address + ":")
-    ids = hf_tokenizer(PROMPTS[0]).input_ids
+    ids = hf_smollm2_tokenizer(PROMPTS[0]).input_ids
     got = generate(pf_state["grpc"], ids)
     assert got.token_ids == hf_greedy(hf_smollm2, ids, MAX_TOKENS)
     assert got.token_ids == generate(cluster.head_state["grpc"], ids).token_ids
 
 
 def test_a_host_cut_off_is_forgotten_while_the_rest_serves_and_it_rejoins(
-    cluster: Cluster, hf_smollm2: Any, hf_tokenizer: Any
+    cluster: Cluster, hf_smollm2: Any, hf_smollm2_tokenizer: Any
 ) -> None:
     dc, router = cluster.host("dc"), cluster.head_state["grpc"]
     old = cluster.workers()["decode-dc-0"]
-    prompts = [hf_tokenizer(f"Story number {i}: once upon a time, a").input_ids for i in range(3)]
+    prompts = [
+        hf_smollm2_tokenizer(f"Story number {i}: once upon a time, a").input_ids for i in range(3)
+    ]
     long_tokens = 64
     with ThreadPoolExecutor(len(prompts)) as pool:
         streams = [pool.submit(generate, router, ids, long_tokens) for ids in prompts]
@@ -283,7 +280,7 @@ def test_a_host_cut_off_is_forgotten_while_the_rest_serves_and_it_rejoins(
     indexed = cluster.keys.index_workers
     wait_until(lambda: not cluster.redis.sismember(indexed, "decode-dc-0"), 15,
                "dc's index entries to go")  # fmt: skip
-    ids = hf_tokenizer(PROMPTS[1]).input_ids
+    ids = hf_smollm2_tokenizer(PROMPTS[1]).input_ids
     during = generate(router, ids)
     assert during.token_ids == hf_greedy(hf_smollm2, ids, MAX_TOKENS)
     assert (during.prefill_worker, during.decode_worker) == ("prefill-pf-0", "decode-pf-0")
