@@ -18,7 +18,6 @@ import logging
 import signal
 import socket
 import threading
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +72,9 @@ def add_parsers(sub: Any) -> None:
     add = w.add_argument
     add("--role", required=True, choices=["prefill", "decode", "colocated"])
     add("--worker-id", default=None, help="default: ROLE-HOSTNAME")
-    add("--host", default="127.0.0.1", help="address to bind and advertise")
+    add("--host", default="127.0.0.1",
+        help="address to bind and advertise; 'auto': the one other hosts reach this one at "
+        "(cluster/host_address.py)")  # fmt: skip
     add("--port", type=int, default=0, help="gRPC port (0: a free one)")
     add("--model", default="smollm2-135m-instruct")
     add("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -106,6 +107,7 @@ def _cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
 
 def run_worker(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, then drain and stop; 0 once stopped cleanly."""
+    from pdserve.cluster.host_address import this_host_address
     from pdserve.cluster.worker_agent import AgentConfig
     from pdserve.cluster.worker_launch import WorkerLaunch
     from pdserve.worker.host import WorkerHost, WorkerSpec
@@ -118,7 +120,7 @@ def run_worker(args: argparse.Namespace) -> int:
     spec = WorkerSpec(
         role=args.role,
         worker_id=args.worker_id or f"{args.role}-{socket.gethostname()}",
-        host=args.host,
+        host=this_host_address() if args.host == "auto" else args.host,
         port=args.port,
         model=args.model,
         dtype=args.dtype,
@@ -155,10 +157,8 @@ def run_router(args: argparse.Namespace) -> int:
 
 
 async def _serve_router(args: argparse.Namespace) -> None:
-    from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
+    from pdserve.cluster.router_start import RedisRouterSpec, redis_routers
     from pdserve.router.config import RouterConfig
-    from pdserve.router.edge.tokenizer import load_router_tokenizer
-    from pdserve.router.processes import RouterProcesses, spawn_routers
 
     spec = RedisRouterSpec(args.redis_url, args.key_prefix, Settings.from_env().lease_s,
                            args.model, _cluster_secret(args))  # fmt: skip
@@ -172,19 +172,11 @@ async def _serve_router(args: argparse.Namespace) -> None:
         **front_door_fields(args),
         **slo_fields(args),
     )
-    tokenizer = await asyncio.to_thread(load_router_tokenizer, args.model)
-    directory, locality = spec.sources(spec.client())
-    service = await start_redis_router(spec, config, tokenizer, directory, locality)
-    routers = RouterProcesses(service, [])
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    try:
-        extra = args.router_processes - 1
-        await spawn_routers(routers, config, partial(router_process, spec), extra)
+    async with redis_routers(spec, config, args.router_processes) as routers:
+        service = routers.service
         log.info("router serving HTTP on %s:%d, gRPC on %s:%d", args.host, service.http_port,
                  args.host, service.grpc_port)  # fmt: skip
         await stop.wait()
-    finally:
-        await routers.stop(grace_s=5.0)
-        directory.stop()

@@ -10,7 +10,10 @@ description it builds them from, ``RedisRouterSpec``, is picklable, so that
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import redis
 
@@ -19,6 +22,7 @@ from pdserve.cluster.router_wiring import RedisLocality, RedisWorkerDirectory
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.router.config import RouterConfig
 from pdserve.router.edge.tokenizer import RouterTokenizer, load_router_tokenizer
+from pdserve.router.processes import RouterProcesses, spawn_routers
 from pdserve.router.service import RouterService, start_router
 from pdserve.router.state.batched_lookups import BatchedLookups
 from pdserve.router.state.locality import engine_prompt_hasher
@@ -76,3 +80,21 @@ async def router_process(spec: RedisRouterSpec, config: RouterConfig) -> RouterS
     tokenizer = await asyncio.to_thread(load_router_tokenizer, spec.model)
     directory, locality = spec.sources(spec.client())
     return await start_redis_router(spec, config, tokenizer, directory, locality)
+
+
+@contextlib.asynccontextmanager
+async def redis_routers(
+    spec: RedisRouterSpec, config: RouterConfig, processes: int = 1
+) -> AsyncIterator[RouterProcesses]:
+    """``processes`` routers over Redis sharing ``config``'s ports (`pdserve router`, and
+    the router `pdserve join --router` runs on a worker host), stopped on exit."""
+    tokenizer = await asyncio.to_thread(load_router_tokenizer, spec.model)
+    directory, locality = spec.sources(spec.client())
+    service = await start_redis_router(spec, config, tokenizer, directory, locality)
+    routers = RouterProcesses(service, [])
+    try:
+        await spawn_routers(routers, config, partial(router_process, spec), processes - 1)
+        yield routers
+    finally:
+        await routers.stop(grace_s=5.0)
+        directory.stop()

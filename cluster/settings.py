@@ -8,6 +8,8 @@ dataclasses. Ray actors and worker processes get those dataclasses, never the en
 |---|---|---|---|
 | ``PDSERVE_REDIS_URL`` | str | (embedded) | external Redis; unset = start redis-server |
 | ``PDSERVE_RAY_ADDRESS`` | str | (local) | join this Ray cluster; unset = start one |
+| ``PDSERVE_ADVERTISE_ADDRESS`` | str | (chosen) | this host's address for other hosts |
+| ``PDSERVE_JOIN_TOKEN`` | str | (none) | `pdserve join --token` (kept out of ``ps``) |
 | ``PDSERVE_KEY_PREFIX`` | str | ``pdserve:`` | prefix of every Redis key |
 | ``PDSERVE_LEASE_S`` | float | 5 | worker registration lease |
 | ``PDSERVE_HEARTBEAT_S`` | float | 1 | worker heartbeat period (< lease) |
@@ -47,6 +49,8 @@ PREFIX = "PDSERVE_"
 class Settings:
     redis_url: str | None = None
     ray_address: str | None = None
+    advertise_address: str | None = None
+    join_token: str | None = None
     key_prefix: str = "pdserve:"
     lease_s: float = 5.0
     heartbeat_s: float = 1.0
@@ -95,6 +99,8 @@ class Settings:
         return cls(
             redis_url=_get(env, "REDIS_URL", str, d.redis_url),
             ray_address=_get(env, "RAY_ADDRESS", str, d.ray_address),
+            advertise_address=_get(env, "ADVERTISE_ADDRESS", str, d.advertise_address),
+            join_token=_get(env, "JOIN_TOKEN", str, d.join_token),
             key_prefix=_get(env, "KEY_PREFIX", str, d.key_prefix),
             lease_s=_get(env, "LEASE_S", float, d.lease_s),
             heartbeat_s=_get(env, "HEARTBEAT_S", float, d.heartbeat_s),

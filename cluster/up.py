@@ -15,6 +15,11 @@ By default a cluster secret secures the inside (cluster/secret.py): Redis passwo
 mutual TLS to the workers, authenticated KV. Once serving, the endpoints are printed and
 written as JSON to the state file (mode 0600: its Redis URL carries the password), which
 `pdserve status` and `pdserve scale` read to find Redis.
+
+With ``--head`` other hosts join (cluster/join.py): Redis, Ray and the router bind this
+host's address (cluster/host_address.py), this host's Ray node is labelled with its name
+and its own workers (none by default) are placed on it, the worker template goes to Redis,
+and the command to run on the other hosts is printed, with the join token.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ import ray
 from pdserve.cluster.actuators import POOLS
 from pdserve.cluster.actuators.ray import PoolTargetActuator
 from pdserve.cluster.autoscaler import AutoscaleSettings, RedisClusterView, build_autoscaler
+from pdserve.cluster.host_address import is_wildcard, this_host_address
+from pdserve.cluster.join_token import JoinToken, ray_auth_token
 from pdserve.cluster.locality_index import LocalityIndex
 from pdserve.cluster.pool_control import PoolTargetStore
 from pdserve.cluster.pool_manager import PoolMember, PoolTargets
 from pdserve.cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
-from pdserve.cluster.ray_pools import ActorResources, RayWorkerPool
+from pdserve.cluster.ray_pools import HOST_LABEL, ActorResources, RayWorkerPool
 from pdserve.cluster.redis_server import redacted_url
 from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
@@ -51,6 +58,7 @@ from pdserve.cluster.router_wiring import RedisWorkerDirectory
 from pdserve.cluster.secret import SecretSource, cluster_secret, ray_token_auth
 from pdserve.cluster.supervise import Supervised, SupervisedRedis, embedded_redis, supervise
 from pdserve.cluster.worker_launch import WorkerLaunch
+from pdserve.cluster.worker_template import publish_template
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo
 from pdserve.router.config import RouterConfig
@@ -62,6 +70,15 @@ from pdserve.worker.cluster_secret import ClusterSecret, write_private_text
 
 log = logging.getLogger("pdserve.up")
 ROLES = ("prefill", "decode", "colocated")
+
+
+@dataclass(slots=True, frozen=True)
+class HeadSettings:
+    """`pdserve up --head`: a cluster other hosts join."""
+
+    name: str  # this host's name: its Ray node label
+    join_token_file: Path  # written once serving; copied to the hosts that join
+    advertise_address: str | None = None  # None: chosen by cluster/host_address.py
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,6 +100,7 @@ class UpConfig:
     router_processes: int = 1  # >1: that many router processes share the ports
     autoscale: AutoscaleSettings | None = None  # None: the pools keep their targets
     secret: SecretSource | None = None  # None: no cluster authentication
+    head: HeadSettings | None = None  # None: a one-host cluster (or one joining --ray-address)
 
 
 @dataclass(slots=True, frozen=True)
@@ -99,11 +117,12 @@ class Endpoints:
     pid: int
     router_pids: list[int]
     secret_file: str | None  # the cluster secret (None: no cluster authentication)
+    join_command: str | None = None  # with --head: what to run on the other hosts
 
     def describe(self) -> str:
         pools = " + ".join(f"{n} {role}" for role, n in self.workers.items() if n)
         lines = [
-            f"pdserve is up: {pools} worker(s)",
+            f"pdserve is up: {pools} worker(s)" if pools else "pdserve is up: no workers here",
             f"  OpenAI HTTP    {self.http}/v1",
             f"  gRPC           {self.grpc}",
             f"  router pids    {', '.join(map(str, self.router_pids))}",
@@ -112,25 +131,36 @@ class Endpoints:
             f"  Ray dashboard  {self.ray_dashboard or '(off)'}",
             f"  Redis          {redacted_url(self.redis_url)}",
             f"  secret         {self.secret_file or '(off: no cluster authentication)'}",
-            "Ctrl-C to stop.",
         ]
+        if self.join_command:
+            lines += [
+                "On each other host, with a copy of the join token file (it holds the "
+                "cluster's credentials) and its own pool sizes:",
+                f"  {self.join_command}",
+            ]
+        lines.append("Ctrl-C to stop.")
         return "\n".join(lines)
 
 
 def run_up(config: UpConfig) -> int:
     """Start everything, serve until SIGINT/SIGTERM, stop everything. Returns 0."""
-    _interrupt_on_sigterm()
+    interrupt_on_sigterm()
     try:
         with contextlib.ExitStack() as stack:
             secret = stack.enter_context(cluster_secret(config.secret))
             password = secret.redis_password() if secret is not None else None
-            embedded = None if config.redis_url else stack.enter_context(embedded_redis(password))
+            address = (
+                None if config.head is None else this_host_address(config.head.advertise_address)
+            )
+            embedded = None
+            if not config.redis_url:
+                embedded = stack.enter_context(embedded_redis(password, address or "127.0.0.1"))
             redis_url = config.redis_url or (embedded.url if embedded else "")
             if secret is not None and config.secret is not None and config.ray_address is None:
                 stack.enter_context(ray_token_auth(secret, config.secret))
-            ray_endpoints = _start_ray(config)
+            ray_endpoints = _start_ray(config, address)
             stack.callback(_stop_ray, ray_endpoints)
-            _interrupt_on_sigterm()  # ray.init installed its own SIGTERM handler
+            interrupt_on_sigterm()  # ray.init installed its own SIGTERM handler
             pools = _start_pools(config, redis_url, secret)
             stack.callback(_stop_pools, pools)
             # The router's tokenizer loads while the workers load their models.
@@ -138,27 +168,32 @@ def run_up(config: UpConfig) -> int:
             tokenizer = loader.submit(load_router_tokenizer, config.worker.worker.model)
             for pool in pools.values():
                 pool.wait_ready(config.ready_timeout_s)
-            served = _serve(config, pools, redis_url, embedded, ray_endpoints, tokenizer, secret)
+            served = _serve(
+                config, pools, redis_url, embedded, ray_endpoints, tokenizer, secret, address
+            )
             run_loop(served)  # uvloop when installed (router/event_loop.py)
     except KeyboardInterrupt:
         log.warning("interrupted during start-up; everything stopped")
     return 0
 
 
-def _interrupt_on_sigterm() -> None:
+def interrupt_on_sigterm() -> None:
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def _start_ray(config: UpConfig) -> RayEndpoints:
+def _start_ray(config: UpConfig, address: str | None) -> RayEndpoints:
     workers = sum(config.targets.of(role) for role in ROLES)
     if config.autoscale is not None:  # room for the largest pools the planner may ask for
         limits = (config.autoscale.planner.prefill, config.autoscale.planner.decode)
         workers = max(workers, sum(limit.max_replicas for limit in limits))
     cpus = max(float(os.cpu_count() or 1), workers * config.resources.num_cpus)
-    return start_or_join_ray(config.ray_address, cpus, config.include_dashboard)
+    labels = None if config.head is None else {HOST_LABEL: config.head.name}
+    return start_or_join_ray(
+        config.ray_address, cpus, config.include_dashboard, node_ip_address=address, labels=labels
+    )
 
 
 def _stop_ray(endpoints: RayEndpoints) -> None:
@@ -174,7 +209,8 @@ def _start_pools(
         resources = replace(resources, num_gpus=config.num_gpus_per_worker)
     worker = replace(config.worker.worker, cluster_secret=secret)
     template = replace(config.worker, worker=worker, redis_url=redis_url)
-    pools = {role: RayWorkerPool(role, template, resources) for role in ROLES}
+    host = None if config.head is None else config.head.name
+    pools = {role: RayWorkerPool(role, template, resources, host) for role in ROLES}
     for role, pool in pools.items():
         pool.scale_to(config.targets.of(role))
     return pools
@@ -194,6 +230,7 @@ async def _serve(
     ray_endpoints: RayEndpoints,
     tokenizer: Future[RouterTokenizer],
     secret: ClusterSecret | None,
+    address: str | None,
 ) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -204,6 +241,8 @@ async def _serve(
     client = spec.client()
     store = PoolTargetStore(client, RedisKeys(agent.key_prefix))
     store.write(config.targets)
+    if config.head is not None:
+        _open_to_other_hosts(config, client, redis_url, secret)
     directory, locality = spec.sources(client)
     keys = RedisKeys(agent.key_prefix)
     index = LocalityIndex(client, keys)
@@ -229,7 +268,7 @@ async def _serve(
         extra = config.router_processes - 1
         await spawn_routers(routers, router_config, partial(router_process, spec), extra)
         await _wait_registered(directory, config.targets, config.ready_timeout_s)
-        endpoints = _endpoints(config, service, redis_url, ray_endpoints, routers.pids)
+        endpoints = _endpoints(config, service, redis_url, ray_endpoints, routers.pids, address)
         _announce(endpoints, config.state_file)
         parts = Supervised(pools, store, directory, index.unique_blocks, embedded, autoscaler)
         await supervise(stop, config.supervise_s, config.drain_timeout_s, config.targets, parts)
@@ -239,6 +278,23 @@ async def _serve(
         client.close()
         if config.state_file is not None:
             config.state_file.unlink(missing_ok=True)
+        if config.head is not None:
+            config.head.join_token_file.unlink(missing_ok=True)
+
+
+def _open_to_other_hosts(
+    config: UpConfig, client: Any, redis_url: str, secret: ClusterSecret | None
+) -> None:
+    """What `pdserve join` reads: the worker template in Redis, and the join token in a file
+    of its own (mode 0600: it carries the cluster secret, or Ray's token without one)."""
+    assert config.head is not None, "only a head opens to other hosts"
+    key_prefix = config.worker.agent.key_prefix
+    publish_template(client, RedisKeys(key_prefix), config.worker)
+    if secret is not None:
+        token = JoinToken(redis_url, key_prefix, secret=secret.to_text())
+    else:
+        token = JoinToken(redis_url, key_prefix, ray_auth_token=ray_auth_token())
+    write_private_text(config.head.join_token_file, token.encode())
 
 
 def _members(
@@ -265,12 +321,16 @@ def _endpoints(
     redis_url: str,
     ray_endpoints: RayEndpoints,
     router_pids: list[int],
+    address: str | None,
 ) -> Endpoints:
+    host = config.router.host
+    if is_wildcard(host):
+        host = address or "127.0.0.1"
     scheme = "https" if config.router.tls_cert_path else "http"
-    http = f"{scheme}://{config.router.host}:{service.http_port}"
+    http = f"{scheme}://{host}:{service.http_port}"
     return Endpoints(
         http=http,
-        grpc=f"{config.router.host}:{service.grpc_port}",
+        grpc=f"{host}:{service.grpc_port}",
         metrics=f"{http}/metrics",
         dashboard=f"{http}/dashboard",
         ray_dashboard=ray_endpoints.dashboard_url,
@@ -281,6 +341,14 @@ def _endpoints(
         pid=os.getpid(),
         router_pids=router_pids,
         secret_file=str(config.secret.path) if config.secret is not None else None,
+        join_command=None if config.head is None else _join_command(config.head, ray_endpoints),
+    )
+
+
+def _join_command(head: HeadSettings, ray_endpoints: RayEndpoints) -> str:
+    return (
+        f"pdserve join {ray_endpoints.address} --token-file {head.join_token_file} "
+        "--prefill N --decode M [--name HOST] [--router]"
     )
 
 

@@ -237,11 +237,7 @@ class WorkerHost:
 
 
 def _grpc_server(servicer: ws.WorkerServicer, health_servicer: Any) -> grpc.aio.Server:
-    options = [
-        ("grpc.max_receive_message_length", ws.MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", ws.MAX_MESSAGE_BYTES),
-    ]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=ws.SERVER_OPTIONS)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return server

@@ -65,6 +65,15 @@ T = TypeVar("T")
 ROLES = ("prefill", "decode", "colocated")
 SERVICE_NAME = "pdserve.v1.Worker"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # NIXL agent metadata and long prompts fit easily
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Routers ping every few seconds while a call is open, also while a long prefill sends
+    # nothing, to notice a host that was cut off: accept those pings (gRPC's default
+    # answers more than one per 5 minutes without data with GOAWAY).
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 @dataclass(slots=True, frozen=True)
@@ -261,11 +270,7 @@ async def serve(
     """Run until SIGTERM/SIGINT."""
     servicer = WorkerServicer(config)
     health_servicer = health.aio.HealthServicer()
-    options = [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = add_worker_port(server, f"{config.host}:{config.port}", config.secret)

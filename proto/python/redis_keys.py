@@ -27,6 +27,7 @@ POOL_TARGET = "pool_target"
 SLO_ROUTER_NS = "slo:router:"
 SLO_ROUTERS_SET = "slo:routers"
 CAPACITY_PROFILE = "autoscale:profile"
+WORKER_TEMPLATE = "cluster:worker_template"
 
 # Substituted into Lua script templates ($worker_ns ...), so scripts and Python agree.
 LUA_NAMESPACES: dict[str, str] = {
@@ -139,6 +140,13 @@ class RedisKeys:
     def index_workers(self) -> str:
         """SET: ids that have entries (or state) in the locality index."""
         return self.prefix + INDEX_WORKERS_SET
+
+    @property
+    def worker_template(self) -> str:
+        """STRING (JSON): how the head starts its workers (model, dtype, KV backend, server
+        flags, agent settings); no TTL. Written by `pdserve up`, read by `pdserve join`,
+        which starts its own workers the same way."""
+        return self.prefix + WORKER_TEMPLATE
 
     @property
     def pool_target(self) -> str:

@@ -66,6 +66,14 @@ class ChannelPool:
         self._options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
+            # A worker whose host is cut off sends no reset: without pings a call to it
+            # would wait for its deadline. Unanswered for 3 s, the call fails (UNAVAILABLE)
+            # and the request retries or fails over.
+            ("grpc.keepalive_time_ms", 2000),
+            ("grpc.keepalive_timeout_ms", 3000),
+            ("grpc.http2.max_pings_without_data", 0),
+            # When the host is back (a new epoch, the same address), reconnect within 5 s.
+            ("grpc.max_reconnect_backoff_ms", 5000),
         ]
         if tls is not None:
             self._options += tls.options

@@ -203,6 +203,31 @@ def test_older_incarnation_learns_it_was_superseded(
         second.stop()
 
 
+def test_lapsed_lease_comes_back_as_a_new_incarnation(
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    keys: RedisKeys,
+    config: AgentConfig,
+    index: LocalityIndex,
+    registry: WorkerRegistry,
+) -> None:
+    cache = BlockCache()
+    cache.store(7, 8)
+    agent = start(redis_server.url, cache, config)
+    try:
+        first_epoch = agent.epoch
+        # As if the host had been cut off past its lease: the registration is gone.
+        redis_client.delete(keys.worker("prefill-0"))
+        wait_until(lambda: agent.epoch > first_epoch)
+        wait_until(lambda: registry.get("prefill-0") is not None)
+        assert registry.get("prefill-0").epoch == agent.epoch  # type: ignore[union-attr]
+        wait_until(lambda: index.blocks_of("prefill-0") == {7, 8})
+        late = KvStored("prefill-0", first_epoch, 10_000, (9,))
+        assert index.apply([late]).statuses == (ApplyStatus.STALE_EPOCH,)
+    finally:
+        agent.stop()
+
+
 def test_agent_rebuilds_registration_and_index_after_redis_restart(
     keys: RedisKeys, config: AgentConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
