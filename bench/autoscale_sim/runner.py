@@ -36,6 +36,7 @@ SWEEP = (
     OperatingPoint(1.0),
     OperatingPoint(1.0, budget=0.7),
     OperatingPoint(1.0, budget=0.5),
+    OperatingPoint(1.0, budget=0.4),
     OperatingPoint(1.0, budget=0.3),
 )
 POLICY_NAMES = {
