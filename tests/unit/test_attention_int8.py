@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pdserve.engine.attention import layout_chunks
 from pdserve.engine.attention.base import pool_write_rows, write_kv
+from pdserve.engine.attention.cuda import FlashAttnBackend
 from pdserve.engine.attention.native import PagedDecodeKernel, load_paged_decode
 from pdserve.engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
 from pdserve.kv_codec import dequantize_rows, quantize_rows
@@ -231,3 +233,15 @@ def test_prefill_kernel_matches_the_dequantized_reference(
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def test_the_flash_attn_backend_refuses_an_int8_pool() -> None:
+    """Written for CUDA, never run here: it has no int8 path, and says so rather than
+    reading int8 rows as values. Its metadata builds on CPU; the refusal comes first."""
+    backend = FlashAttnBackend(lambda *args, **kwargs: None)
+    ours, _ = on_int8_pool(make_case([(3, 1)], seed=1), torch.float32)
+    layout = layout_chunks(ours.chunks, BLOCK_SIZE)
+    meta = backend.build_metadata(layout, BLOCK_SIZE, 3, torch.device("cpu"))
+    k = v = torch.zeros(1, 2, 8)
+    with pytest.raises(ValueError, match="no int8 pool path"):
+        backend.forward(1, ours.q, k, v, ours.pool, meta)
