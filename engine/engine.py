@@ -101,6 +101,7 @@ class LLMEngine:
             self._new_sequence(request_id, i, prompt_token_ids, params) for i in range(params.n)
         ]
         self._request_seqs[request_id] = [s.seq_id for s in seqs]
+        self.kv.prefetch(prompt_token_ids)
         if len(seqs) == 1:
             self.scheduler.add(seqs[0])
         else:
@@ -134,6 +135,7 @@ class LLMEngine:
         self._prefill_only[request_id] = params.max_tokens
         seq.params = dataclasses.replace(params, max_tokens=1)
         self._request_seqs[request_id] = [seq.seq_id]
+        self.kv.prefetch(prompt_token_ids)
         self.scheduler.add(seq)
 
     def block_table(self, request_id: str) -> tuple[int, ...]:

@@ -113,6 +113,18 @@ class KVCacheManager:
         """
         return self._match(token_ids, max(0, len(token_ids) - 1), self._tiers)
 
+    def prefetch(self, token_ids: Sequence[int]) -> None:
+        """A prompt arrived: let the tiers start reading the blocks of its prefix past the
+        pool's (the lookup that admits it will want them). Changes nothing here."""
+        if self._tiers is None:
+            return
+        hashes = BlockHasher(self._block_size, encoded_extra_keys=self._extra).update(token_ids)
+        candidates = hashes[: max(0, len(token_ids) - 1) // self._block_size]
+        in_pool = 0
+        while in_pool < len(candidates) and self._pool.lookup(candidates[in_pool]) is not None:
+            in_pool += 1
+        self._tiers.prefetch(candidates[in_pool:])
+
     def allocate(
         self,
         seq_id: str,

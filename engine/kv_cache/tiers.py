@@ -9,7 +9,7 @@ replacement policy every tier shares.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
@@ -32,6 +32,10 @@ class LowerTiers(Protocol):
     def holds(self, block_hash: BlockHash) -> bool:
         """Whether some tier can load the block with this hash back into the pool (a disk
         tier may read the block ahead here)."""
+        ...
+
+    def prefetch(self, block_hashes: Sequence[BlockHash]) -> None:
+        """A prompt with these block hashes arrived: a slow tier may start reading them."""
         ...
 
     def tier_of(self, block_hash: BlockHash) -> KVTier | None:

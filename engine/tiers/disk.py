@@ -31,6 +31,9 @@ from pdserve.engine.tiers.disk_format import (
 
 log = logging.getLogger(__name__)
 
+# A block's payload and the bytes read, or why its file cannot be trusted.
+ReadResult = tuple[torch.Tensor, int] | OSError | TierFileError
+
 SUFFIX = ".kvblock"
 
 
@@ -100,21 +103,35 @@ class DiskTier:
         then the file is logged and deleted)."""
         if block_hash not in self._lru:
             return None
-        path = self._path(block_hash)
+        return self.accept(block_hash, self.read(block_hash))
+
+    def read(self, block_hash: BlockHash) -> ReadResult:
+        """Read and check the block's file, changing nothing: safe off the engine's thread
+        (a prefetch), with :meth:`accept` on it afterwards."""
         try:
-            data = path.read_bytes()
+            data = self._path(block_hash).read_bytes()
             header, payload = decode_file(data)
             self._check_header_is_ours(header)
             if header.block_hash != block_hash:
                 raise TierFileError(f"holds block {header.block_hash:016x}")
         except (OSError, TierFileError) as err:
-            log.warning("disk KV tier: dropping %s: %s", path.name, err)
+            return err
+        return torch.frombuffer(bytearray(payload), dtype=torch.uint8), len(data)
+
+    def accept(self, block_hash: BlockHash, result: ReadResult) -> tuple[torch.Tensor, int] | None:
+        """What :meth:`read` gave, on the engine's thread: the payload (now most recent), or
+        None; a file that failed its checks is logged and deleted."""
+        if block_hash not in self._lru:
+            return None  # evicted since the read
+        if isinstance(result, Exception):
+            path = self._path(block_hash)
+            log.warning("disk KV tier: dropping %s: %s", path.name, result)
             self._lru.remove(block_hash)
             self._unlink(path)
             self._dropped.append(block_hash)
             return None
         self._lru.touch(block_hash)
-        return torch.frombuffer(bytearray(payload), dtype=torch.uint8), len(data)
+        return result
 
     # -- internals ---------------------------------------------------------------------
     def _path(self, block_hash: BlockHash) -> Path:

@@ -5,8 +5,10 @@ runner writes the pool: blocks the pool evicted are read (encoded by the codec) 
 tier hits are loaded into their fresh blocks (which may be the evicted ones), then the
 evicted blocks are kept in host memory, whose overflow goes to disk. Loads are synchronous.
 
-A disk hit is read and checked when the lookup asks for it (:meth:`TierStore.holds`) and
-staged until the step's loads, so a load never meets a file that failed its checksum.
+A disk hit is read and checked before the lookup counts it (:meth:`TierStore.holds`) and
+staged until the step's loads, so a load never meets a file that failed its checksum. The
+read starts when the prompt arrives (:meth:`TierStore.prefetch`, on a thread of its own), so
+that it overlaps the steps that run while the prompt waits; the lookup then finds it done.
 
 Every block whose place may have changed (evicted from the pool, pushed from host memory to
 disk, dropped) is listed for :meth:`TierStore.take_moved`: the KV events tell the locality
@@ -16,7 +18,8 @@ index where it went.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -24,7 +27,7 @@ import torch
 from pdserve.engine.kv_cache.hashing import BlockHash
 from pdserve.engine.kv_cache.tiers import KVTier, TierStats
 from pdserve.engine.tiers.codec import TierCodec
-from pdserve.engine.tiers.disk import DiskTier
+from pdserve.engine.tiers.disk import DiskTier, ReadResult
 from pdserve.engine.tiers.host import HostTier
 
 
@@ -55,15 +58,34 @@ class TierStore:
         self._disk = disk
         self._codec = codec
         self._staged: dict[BlockHash, _Staged] = {}
+        # Disk reads started ahead of their lookup (prefetch); one thread: reads in order.
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="kv-disk-tier")
+        self._reading: dict[BlockHash, Future[ReadResult]] = {}
         self._counters = _Counters()
         self._moved: list[BlockHash] = []
+
+    def prefetch(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Start reading the disk blocks among ``block_hashes`` (a prompt's, when it arrives)
+        on a thread of the tier's own, so that the lookup that admits the prompt finds them
+        read and checked rather than reading them on the step's path."""
+        if self._disk is None:
+            return
+        for block_hash in block_hashes:
+            if block_hash in self._host or block_hash in self._staged:
+                continue
+            if block_hash not in self._disk:
+                break  # a prefix: the lookup stops at the first block no tier holds
+            if block_hash not in self._reading:
+                self._reading[block_hash] = self._reader.submit(self._disk.read, block_hash)
 
     def holds(self, block_hash: BlockHash) -> bool:
         if block_hash in self._host or block_hash in self._staged:
             return True
+        reading = self._reading.pop(block_hash, None)
         if self._disk is None or block_hash not in self._disk:
             return False
-        found = self._disk.get(block_hash)
+        result = reading.result() if reading is not None else self._disk.read(block_hash)
+        found = self._disk.accept(block_hash, result)
         if found is None:
             return False
         self._staged[block_hash] = _Staged(*found)

@@ -3,7 +3,7 @@ evictions with exact block ids, reference counts and KV events (no torch)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pdserve.engine.kv_cache import (
     BlocksRemoved,
@@ -28,9 +28,13 @@ class SetTiers:
     def __init__(self, held: set[BlockHash], tier: KVTier = KVTier.HOST) -> None:
         self.held = dict.fromkeys(held, tier)
         self.moved: list[BlockHash] = []
+        self.prefetched: list[BlockHash] = []
 
     def holds(self, block_hash: BlockHash) -> bool:
         return block_hash in self.held
+
+    def prefetch(self, block_hashes: Sequence[BlockHash]) -> None:
+        self.prefetched += block_hashes
 
     def tier_of(self, block_hash: BlockHash) -> KVTier | None:
         return self.held.get(block_hash)
@@ -103,6 +107,19 @@ def test_the_tier_run_stops_at_the_first_hash_no_tier_holds_and_spares_the_last_
     kv = KVCacheManager(8, BS, tiers=SetTiers({h[0], h[1], h[2]}))
     match = kv.lookup_prefix(tokens)
     assert match.num_tier_blocks == 2 and match.num_tokens == 8
+
+
+def test_an_arriving_prompt_asks_the_tiers_for_its_blocks_past_the_pool() -> None:
+    tokens = list(range(17))  # four full blocks + one token
+    h = _hashes(tokens)
+    tiers = SetTiers({h[1], h[2]})
+    kv = KVCacheManager(8, BS, tiers=tiers)
+    kv.allocate("old", tokens[:4], 0, 4)
+    kv.commit_computed("old", tokens[:4], 4)
+    kv.free("old")  # the pool caches h[0]
+    kv.prefetch(tokens)
+    assert tiers.prefetched == h[1:4]  # past the pool's, never the last token's block
+    assert kv.take_block_loads() == [] and kv.num_free_blocks == 8, "changes nothing"
 
 
 def test_no_tiers_without_prefix_caching() -> None:

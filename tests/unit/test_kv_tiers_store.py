@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,33 @@ def test_an_int8_pools_blocks_come_back_as_they_left(tmp_path: Path) -> None:
     restarted.sync(pool, [], [(3, 200)])
     assert torch.equal(pool[3], original[0])
     assert not int8_store(tmp_path / "float", host_blocks=0).holds(100)
+
+
+def test_a_prefetch_reads_disk_blocks_off_the_engines_thread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lookup after a prefetch finds the blocks read and checked by the tier's reader
+    thread; a corrupt file found that way is dropped as it would be on the spot."""
+    pool = _pool()
+    original = pool.clone()
+    store = _store(tmp_path, host_blocks=0, disk_blocks=4)
+    store.sync(pool, [(0, 100), (1, 101)], [])
+    path = tmp_path / f"{101:016x}{SUFFIX}"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    readers: list[str] = []
+    read = DiskTier.read
+
+    def spied(self: DiskTier, block_hash: int) -> object:
+        readers.append(threading.current_thread().name)
+        return read(self, block_hash)
+
+    monkeypatch.setattr(DiskTier, "read", spied)
+    store.prefetch([100, 101, 102])
+    with caplog.at_level(logging.WARNING):
+        assert store.holds(100) and not store.holds(101)
+    assert "crc32" in caplog.text and not path.exists()
+    assert len(readers) == 2 and all(r.startswith("kv-disk-tier") for r in readers), readers
+    store.sync(pool, [], [(4, 100)])
+    assert torch.equal(pool[4], _expected(original, 0))
