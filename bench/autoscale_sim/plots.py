@@ -72,12 +72,11 @@ def plot_frontier(results: Sequence[RunResult], traces: Sequence[str], path: Pat
                 color="tab:blue", lw=1, label="pdserve planner: frontier")  # fmt: skip
         ax.plot([r.worker_hours for r in runs], [100 * r.attainment for r in runs], "o",
                 color="tab:blue", ms=4)  # fmt: skip
-        for point in runs:
-            label = point.policy.removeprefix(PLANNER + " at ")
-            ax.annotate("80%" if point.policy == PLANNER else label.replace(", pools ≤ ", "\n≤ "),
-                        (point.worker_hours, 100 * point.attainment), fontsize=6, xytext=(3, -9),
-                        textcoords="offset points")  # fmt: skip
-        names = {point.policy for point in runs}
+        for r in runs:
+            label = r.policy.removeprefix("pdserve planner at ") if r.policy != PLANNER else "80%"
+            ax.annotate(label.replace(", pools ≤ ", "\n≤ "), (r.worker_hours, 100 * r.attainment),
+                        fontsize=6, xytext=(3, -9), textcoords="offset points")  # fmt: skip
+        names = {r.policy for r in runs}
         for other in results:
             if other.trace == trace and other.policy not in names:
                 color, _ = STYLES.get(other.policy, ("black", "-"))

@@ -95,14 +95,14 @@ def frontier_table(results: Sequence[RunResult]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for trace, name, base, at, best in _against_baselines(results):
-        there = "below its cheapest run" if at is None else _percent(at)
-        within = "none" if best is None else (
+        at_text = "below its cheapest run" if at is None else _percent(at)
+        best_text = "none" if best is None else (
             f"{best.policy}: {_percent(best.attainment)}, {best.worker_hours:,.1f} h"
         )  # fmt: skip
         better = best is not None and best.attainment > base.attainment
         lines.append(
             f"| {trace} | {name} | {base.worker_hours:,.1f} | {_percent(base.attainment)} "
-            f"| {there} | {within} | {'yes' if better else 'no'} |"
+            f"| {at_text} | {best_text} | {'yes' if better else 'no'} |"
         )
     return "\n".join(lines)
 
