@@ -292,7 +292,9 @@ def run_peer_bench(
 ) -> tuple[FetchRow, list[SharedPrefixRow]]:
     texts = PromptTexts(tokenize)
     asks = texts.questions(s.groups * s.per_group, s.question_tokens)
+    # A shared, loaded machine can stall a transfer for a while: generous timeouts.
     common = ["--dtype", s.dtype, "--kv-backend", "nixl", "--torch-threads", "1"]
+    common += ["--transfer-timeout-s", "120", "--reservation-timeout-s", "600"]
     common += ["--max-num-batched-tokens", str(s.step_tokens)]
     worker_args = {  # the decode worker holds every running request's KV: 4x the room
         "prefill": [*common, "--num-blocks", str(s.num_blocks)],
