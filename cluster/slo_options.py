@@ -1,9 +1,10 @@
 """The service-level objective as `pdserve up` and `pdserve router` expose it.
 
 ``--slo-ttft-ms`` and ``--slo-tpot-ms`` are what the router's goodput counts (``/metrics``,
-the dashboard, Redis for the autoscaler); ``--shed-ttft-factor`` is its admission control:
-a request whose best predicted TTFT exceeds that many times the TTFT objective is refused
-at once (HTTP 429 with Retry-After, gRPC RESOURCE_EXHAUSTED) rather than queued to miss it.
+the dashboard, Redis for the autoscaler) and what its admission follows (the concurrency
+limit, ``router/state/admission.py``); ``--shed-ttft-factor``: a request that would wait
+behind queued work more than that many times the TTFT objective is refused at once (HTTP
+429 with Retry-After, gRPC RESOURCE_EXHAUSTED) rather than queued to miss it.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def add_slo_arguments(parser: argparse.ArgumentParser) -> None:
     add("--slo-tpot-ms", type=float, default=_SLO.tpot_ms, metavar="MS",
         help=f"mean time per output token after the first (default {_SLO.tpot_ms:g})")  # fmt: skip
     add("--shed-ttft-factor", type=float, default=_ROUTER.shed_ttft_factor, metavar="X",
-        help="refuse (429) a request predicted to wait more than X times the TTFT objective "
-        f"for its first token; 0: never (default {_ROUTER.shed_ttft_factor:g})")  # fmt: skip
+        help="refuse (429) a request that would wait behind queued work more than X times "
+        f"the TTFT objective; 0: never (default {_ROUTER.shed_ttft_factor:g})")  # fmt: skip
 
 
 def slo_fields(args: argparse.Namespace) -> dict[str, Any]:

@@ -33,8 +33,9 @@ class RouterConfig:
     adaptive_concurrency: bool = True
     min_concurrent_requests: int = 4
     retry_after_s: int = 1
-    # Refuse (429 / RESOURCE_EXHAUSTED) a request whose best predicted TTFT exceeds this
-    # many times the TTFT objective (state/admission.py, SloShedding); 0 = never.
+    # Refuse (429 / RESOURCE_EXHAUSTED) a request that would wait, behind work already
+    # queued, more than this many times the TTFT objective (state/admission.py,
+    # SloShedding); 0 = never.
     shed_ttft_factor: float = 3.0
     max_tokens_limit: int = 4096
     default_max_tokens: int = 16

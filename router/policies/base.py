@@ -76,8 +76,9 @@ def single(
     est = predict_ttft(request, worker, None, cost)
     reason = f"{name}: colocated {describe(request, worker)}"
     return RouteDecision(
-        worker.worker_id, None, est.total_s, name, reason, compute_tokens=est.compute_tokens
-    )
+        worker.worker_id, None, est.total_s, name, reason,
+        compute_tokens=est.compute_tokens, queue_s=est.queue_s,
+    )  # fmt: skip
 
 
 def pair(
@@ -91,5 +92,5 @@ def pair(
     reason = f"{name}: prefill {describe(request, prefill)}, decode {describe(request, decode)}"
     return RouteDecision(
         prefill.worker_id, decode.worker_id, est.total_s, name, reason,
-        compute_tokens=est.compute_tokens,
+        compute_tokens=est.compute_tokens, queue_s=est.queue_s,
     )  # fmt: skip

@@ -94,8 +94,9 @@ class JointTtftPolicy(PoolPolicy):
         decode_id = decode.worker_id if decode is not None else None
         reason = f"{self.name}: {where}; predicted {parts}"
         return RouteDecision(
-            prefill.worker_id, decode_id, est.total_s, self.name, reason, fetch, est.compute_tokens
-        )
+            prefill.worker_id, decode_id, est.total_s, self.name, reason, fetch,
+            est.compute_tokens, est.queue_s,
+        )  # fmt: skip
 
 
 def _decode_key(decode: WorkerCandidate | None) -> tuple[int, int, int, str]:

@@ -154,6 +154,7 @@ class RouteDecision:
     # Prompt tokens the prefill worker is predicted to compute (its cache and a fetch
     # cover the rest): the router counts them as that worker's queued prefill work.
     compute_tokens: int | None = None
+    queue_s: float = 0.0  # of ttft_s, the wait behind work the worker already has
 
     @property
     def colocated(self) -> bool:

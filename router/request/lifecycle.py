@@ -86,7 +86,7 @@ class RequestLifecycle:
             cooldown_s=config.slo.ttft_s,
             adaptive=config.adaptive_concurrency,
         )
-        self.shedding = SloShedding(config.shed_ttft_factor * config.slo.ttft_ms / 1000)
+        self.shedding = SloShedding(config.shed_ttft_factor * config.slo.ttft_s)
         self.tracker = LocalLoadTracker()
         self.placements = RecentPlacements()
         self._policies: dict[str, RoutingPolicy] = {

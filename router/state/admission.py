@@ -77,26 +77,26 @@ class ConcurrencyLimiter:
 
 @dataclass(slots=True, frozen=True)
 class SloShedding:
-    """Refuses at once a request that would wait far past its TTFT objective.
+    """Refuses at once a request that would queue far past its TTFT objective.
 
-    When even the best place for a request predicts a TTFT above ``max_ttft_s`` (the
-    policy's prediction: the prefill queue ahead of it, its own prefill, the transfer), it
-    is refused with a retry hint of the predicted excess: queueing it would make it miss its
-    objective and slow every request behind it. A burst above capacity is thus shed at the
-    door while the requests admitted still meet the objective. ``max_ttft_s`` 0: off.
+    When even the best place for a request has more work queued ahead of it than
+    ``max_wait_s`` (the policy's prediction: the prefill tokens waiting there), it is refused
+    with a retry hint of the excess: queueing it would make it miss its objective and slow
+    every request behind it. A request that is merely long is not refused (its own prefill
+    is not queueing). ``max_wait_s`` 0: off.
     """
 
-    max_ttft_s: float
+    max_wait_s: float
 
     def check(self, ranked: Sequence[RouteDecision]) -> None:
-        if self.max_ttft_s <= 0 or not ranked:
+        if self.max_wait_s <= 0 or not ranked:
             return
-        best = min(d.ttft_s for d in ranked)
-        if best > self.max_ttft_s:
-            retry_after_s = max(1, math.ceil(best - self.max_ttft_s))
+        best = min(d.queue_s for d in ranked)
+        if best > self.max_wait_s:
+            retry_after_s = max(1, math.ceil(best - self.max_wait_s))
             raise OverloadedError(
-                f"overloaded: the earliest first token would come after {best:.1f} s, past "
-                f"the {self.max_ttft_s:.1f} s the router admits; retry after {retry_after_s}s",
+                f"overloaded: the least loaded place has {best:.1f} s of work queued, past "
+                f"the {self.max_wait_s:.1f} s the router admits; retry after {retry_after_s}s",
                 retry_after_s,
             )
 

@@ -36,6 +36,7 @@ from pdserve.router.service import RouterService, start_router
 from pdserve.router.state.directory import StaticWorkerDirectory
 from pdserve.worker.cluster_secret import ClusterSecret
 from pdserve.worker.mutual_tls import add_worker_port, client_tls
+from pdserve.worker.server import SERVER_OPTIONS
 
 T = TypeVar("T")
 
@@ -262,7 +263,7 @@ async def start_stub_worker(
 ) -> tuple[grpc.aio.Server, str, StubWorker]:
     """A started stub on loopback (mutual TLS with ``secret``, as a real worker); returns
     the server, its address and the servicer."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=SERVER_OPTIONS)  # the pings a real worker accepts
     servicer = StubWorker(worker_id, role, knobs)
     servicer.server = server
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)

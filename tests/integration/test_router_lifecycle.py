@@ -193,29 +193,31 @@ def test_concurrency_limit_is_429_with_retry_after() -> None:
         cluster.stop()
 
 
-def test_a_request_predicted_to_miss_its_ttft_by_far_is_shed_with_429() -> None:
-    """Prefill costs 0.5 s a token here: "hi" is predicted at about 1 s, within 3 x the 1 s
-    TTFT objective; a prompt of 10 tokens or more, at 5 s or more, is refused before any
-    worker is called, with a retry hint of the excess."""
+def test_a_request_that_would_queue_far_past_its_ttft_is_shed_with_429() -> None:
+    """Prefill costs 0.5 s a token here. A long prompt alone is served (its own prefill is not
+    queueing); with 10 prompt tokens queued on the only worker (this router's own count of
+    what it sent there), the next request would wait 5 s, past 3 x the 1 s TTFT objective:
+    refused before any worker is called, with a retry hint of the excess."""
     slow = CostModel(prefill_s_per_token=0.5)
-    cluster = start_stub_cluster({"w0": "colocated"}, RouterConfig(cost=slow))
-    try:
-        assert generate(cluster, text="hi")[-1].chunk.finish_reason == "length"
-        url = f"{cluster.http_url}/v1/completions"
-        refused = httpx.post(url, json={"model": "fake-model", "prompt": "x" * 10})
-        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 2
-        assert "past the 3.0 s the router admits" in refused.json()["error"]["message"]
-        with pytest.raises(grpc.RpcError) as caught:
-            generate(cluster, text="x" * 10)
-        assert caught.value.code() is S.RESOURCE_EXHAUSTED
-        assert methods(cluster, "w0") == ["Generate"]  # only the admitted request got there
-    finally:
-        cluster.stop()
-    never = start_stub_cluster({"w0": "colocated"}, RouterConfig(cost=slow, shed_ttft_factor=0))
-    try:
-        assert generate(never, text="x" * 10)[-1].chunk.finish_reason == "length"
-    finally:
-        never.stop()
+    for factor, refused in ((3.0, True), (0.0, False)):
+        config = RouterConfig(cost=slow, shed_ttft_factor=factor, adaptive_concurrency=False)
+        cluster = start_stub_cluster({"w0": "colocated"}, config)
+        try:
+            assert generate(cluster, text="x" * 30)[-1].chunk.finish_reason == "length"
+            cluster.lifecycle.tracker.start_prefill("w0", prompt_tokens=10)
+            url = f"{cluster.http_url}/v1/completions"
+            answer = httpx.post(url, json={"model": "fake-model", "prompt": "hi"})
+            if not refused:
+                assert answer.status_code == 200, answer.text
+                continue
+            assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 2
+            assert "5.0 s of work queued, past the 3.0 s" in answer.json()["error"]["message"]
+            with pytest.raises(grpc.RpcError) as caught:
+                generate(cluster, text="hi")
+            assert caught.value.code() is S.RESOURCE_EXHAUSTED
+            assert len(methods(cluster, "w0")) == 1, "refused before any worker was called"
+        finally:
+            cluster.stop()
 
 
 def test_prefix_aware_routing_follows_the_locality_index() -> None:

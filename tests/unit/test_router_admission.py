@@ -56,21 +56,22 @@ def test_a_fixed_limit_ignores_the_verdicts() -> None:
         ConcurrencyLimiter(ceiling=2, retry_after_s=1, floor=3)
 
 
-def _decision(ttft_s: float) -> RouteDecision:
-    return RouteDecision("p0", "d0", ttft_s, "joint_ttft", "test")
+def _decision(queue_s: float, ttft_s: float = 0.0) -> RouteDecision:
+    return RouteDecision("p0", "d0", queue_s + ttft_s, "joint_ttft", "test", queue_s=queue_s)
 
 
-def test_shedding_refuses_when_even_the_best_place_waits_too_long() -> None:
-    shedding = SloShedding(max_ttft_s=3.0)
+def test_shedding_refuses_when_even_the_best_place_has_too_much_queued() -> None:
+    shedding = SloShedding(max_wait_s=3.0)
     shedding.check([_decision(5.0), _decision(2.9)])  # the best place is in time
+    shedding.check([_decision(0.0, ttft_s=60.0)])  # long, not queued: served
     shedding.check([])  # no place at all is not this rule's business
-    with pytest.raises(OverloadedError, match=r"after 4\.5 s, past the 3\.0 s") as caught:
+    with pytest.raises(OverloadedError, match=r"4\.5 s of work queued, past the 3\.0 s") as caught:
         shedding.check([_decision(7.0), _decision(4.5)])
     assert caught.value.retry_after_s == 2  # ceil(4.5 - 3.0)
     with pytest.raises(OverloadedError) as caught:
         shedding.check([_decision(3.01)])
     assert caught.value.retry_after_s == 1
-    SloShedding(max_ttft_s=0.0).check([_decision(1e9)])  # off
+    SloShedding(max_wait_s=0.0).check([_decision(1e9)])  # off
 
 
 def test_tracker_takes_the_larger_of_reported_and_local_counts() -> None:
