@@ -29,14 +29,15 @@ class RouterConfig:
     block_size: int = 16
     # Limits.
     max_concurrent_requests: int = 1024
-    # The limit follows the SLO between these two (state/admission.py, ConcurrencyLimiter).
-    adaptive_concurrency: bool = True
+    # The limit follows the SLO between these two (state/admission.py, ConcurrencyLimiter);
+    # off: it stays at max_concurrent_requests.
+    adaptive_concurrency: bool = False
     min_concurrent_requests: int = 4
     retry_after_s: int = 1
     # Refuse (429 / RESOURCE_EXHAUSTED) a request that would wait, behind work already
     # queued, more than this many times the TTFT objective (state/admission.py,
     # SloShedding); 0 = never.
-    shed_ttft_factor: float = 3.0
+    shed_ttft_factor: float = 0.0
     max_tokens_limit: int = 4096
     default_max_tokens: int = 16
     # Timeouts and retries.

@@ -68,10 +68,13 @@ def _up_args(*flags: str) -> argparse.Namespace:
 def test_up_and_router_take_the_slo_and_its_admission_factor(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = _up_args("--slo-ttft-ms", "500", "--slo-tpot-ms", "80", "--shed-ttft-factor", "2")
+    args = _up_args("--slo-ttft-ms", "500", "--slo-tpot-ms", "80", "--shed-ttft-factor", "2",
+                    "--adaptive-concurrency")  # fmt: skip
     router = build_up_config(args, Settings.from_env()).router
     assert (router.slo.ttft_ms, router.slo.tpot_ms, router.shed_ttft_factor) == (500, 80, 2)
-    assert build_up_config(_up_args(), Settings.from_env()).router.shed_ttft_factor == 3.0
+    assert router.adaptive_concurrency
+    plain = build_up_config(_up_args(), Settings.from_env()).router
+    assert (plain.shed_ttft_factor, plain.adaptive_concurrency) == (0.0, False)
     assert main(["up", "--slo-ttft-ms", "0"]) == 2
     assert "--slo-ttft-ms and --slo-tpot-ms must be > 0" in capsys.readouterr().err
 
