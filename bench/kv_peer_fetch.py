@@ -16,11 +16,12 @@ embedded redis-server) and this process's router (bench/peer_cluster.py).
    (seeded), greedy, 8 tokens each. Poisson arrivals at ``load`` requests per time to
    compute one document (row 1's compute rate), so the load is the same relative to any
    machine. The same router (joint_ttft, its cost model measured by row 1) without and with
-   peer fetch, in that order, each on its own documents (same lengths, same questions, same
-   arrival times). Every worker runs chunked prefill steps of ``step_tokens``: a holder
-   serves a fetch between two of them. Prefix hits: the prefill workers' hit tokens
-   (fetched blocks included) over their prompt tokens, from GetStats before and after;
-   TTFT at the client.
+   peer fetch, in the order without, with, with, without (so that a machine getting busier
+   or quieter weighs on both alike), each run on its own documents (same lengths, same
+   questions, same arrival times); the figures are over both runs of a configuration.
+   Every worker runs chunked prefill steps of ``step_tokens``: a holder serves a fetch
+   between two of them. Prefix hits: the prefill workers' hit tokens (fetched blocks
+   included) over their prompt tokens, from GetStats before and after; TTFT at the client.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -43,6 +44,8 @@ from pdserve.router.config import RouterConfig
 from pdserve.router.policies import CostModel
 
 BLOCK_SIZE = 16
+CONFIGS = {"without peer fetch": False, "with peer fetch": True}  # -> RouterConfig.peer_fetch
+ABBA = ("without peer fetch", "with peer fetch", "with peer fetch", "without peer fetch")
 HOLDER, FETCHER, DECODE = "prefill-0", "prefill-1", "decode-0"
 MAX_TOKENS = 8
 
@@ -88,6 +91,7 @@ class PeerBenchSettings:
     # Every worker's max_num_batched_tokens, and the cost model's step_tokens: a holder
     # pins the blocks of a fetch between two steps of at most this many tokens.
     step_tokens: int = 512
+    rounds: int = 1  # of the ABBA order: each configuration runs the workload 2 x rounds
     seed: int = 0
 
 
@@ -238,35 +242,55 @@ async def _run_workload(
         return list(await asyncio.gather(*tasks))
 
 
-def shared_prefix_workload(
+@dataclass(slots=True)
+class WorkloadTotals:
+    """One configuration's runs of the shared-prefix workload, added up."""
+
+    ttfts_s: list[float] = field(default_factory=list)
+    hit_tokens: int = 0
+    prompt_tokens: int = 0
+    fetches: int = 0
+    fallbacks: int = 0
+    wall_s: float = 0.0
+
+    def row(self, name: str, base_p90_ms: float) -> SharedPrefixRow:
+        p90_ms = statistics.quantiles(self.ttfts_s, n=10)[-1] * 1000
+        return SharedPrefixRow(
+            config=name,
+            requests=len(self.ttfts_s),
+            prefix_hit_rate=self.hit_tokens / max(1, self.prompt_tokens),
+            ttft_p50_ms=statistics.median(self.ttfts_s) * 1000,
+            ttft_p90_ms=p90_ms,
+            p90_vs_without=base_p90_ms / p90_ms,
+            fetches=self.fetches,
+            fetch_fallbacks=self.fallbacks,
+            wall_s=self.wall_s,
+        )
+
+
+def run_workload(
     cluster: PeerCluster,
     config: RouterConfig,
-    name: str,
     prompts: Sequence[list[int]],
     gaps_s: Sequence[float],
-) -> SharedPrefixRow:
+    totals: WorkloadTotals,
+) -> None:
+    """The workload once through a router of ``config``, added to ``totals``."""
     prefills = (HOLDER, FETCHER)
     before = {w: cluster.stats(w) for w in prefills}
     start_s = time.perf_counter()
     with running_router(cluster, config) as address:
-        ttfts = asyncio.run(_run_workload(address, cluster.model, prompts, gaps_s))
-    wall_s = time.perf_counter() - start_s
+        totals.ttfts_s += asyncio.run(_run_workload(address, cluster.model, prompts, gaps_s))
+    totals.wall_s += time.perf_counter() - start_s
     after = {w: cluster.stats(w) for w in prefills}
 
-    def delta(field: str) -> int:
-        return sum(getattr(after[w], field) - getattr(before[w], field) for w in prefills)
+    def delta(name: str) -> int:
+        return sum(getattr(after[w], name) - getattr(before[w], name) for w in prefills)
 
-    return SharedPrefixRow(
-        config=name,
-        requests=len(prompts),
-        prefix_hit_rate=delta("prefix_hit_tokens") / max(1, delta("prompt_tokens")),
-        ttft_p50_ms=statistics.median(ttfts) * 1000,
-        ttft_p90_ms=statistics.quantiles(ttfts, n=10)[-1] * 1000,
-        p90_vs_without=0.0,  # filled in against the first configuration
-        fetches=delta("peer_fetches"),
-        fetch_fallbacks=delta("recompute_fallbacks"),
-        wall_s=wall_s,
-    )
+    totals.hit_tokens += delta("prefix_hit_tokens")
+    totals.prompt_tokens += delta("prompt_tokens")
+    totals.fetches += delta("peer_fetches")
+    totals.fallbacks += delta("recompute_fallbacks")
 
 
 def document_order(s: PeerBenchSettings, rng: random.Random) -> list[int]:
@@ -311,18 +335,13 @@ def run_peer_bench(
         order = document_order(s, rng)
         rate = s.load / (s.shared_prefix_tokens * cost.prefill_s_per_token)
         gaps_s = [rng.expovariate(rate) for _ in order]
-        rows = []
-        for name, peer_fetch in (("without peer fetch", False), ("with peer fetch", True)):
-            config = RouterConfig(cost=cost, peer_fetch=peer_fetch)
+        totals = {name: WorkloadTotals() for name in CONFIGS}
+        for name in ABBA * s.rounds:  # without, with, with, without: drift hits both alike
+            config = RouterConfig(cost=cost, peer_fetch=CONFIGS[name])
             prompts = _shared_prompts(texts, asks, s, order)
-            rows.append(shared_prefix_workload(cluster, config, name, prompts, gaps_s))
-    base_p90 = rows[0].ttft_p90_ms
-    rows = [_with_ratio(r, base_p90) for r in rows]
-    return fetch_row, rows
-
-
-def _with_ratio(row: SharedPrefixRow, base_p90_ms: float) -> SharedPrefixRow:
-    return replace(row, p90_vs_without=base_p90_ms / row.ttft_p90_ms)
+            run_workload(cluster, config, prompts, gaps_s, totals[name])
+    base_p90_ms = totals[ABBA[0]].row(ABBA[0], 1.0).ttft_p90_ms
+    return fetch_row, [totals[name].row(name, base_p90_ms) for name in CONFIGS]
 
 
 def print_tables(fetch: FetchRow, shared: Sequence[SharedPrefixRow]) -> None:
