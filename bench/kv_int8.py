@@ -53,6 +53,7 @@ class PoolRow:
     largest_batch: int
     decode_steps: int  # per round
     decode_tokens_per_s: float  # the median round's
+    round_tokens_per_s: tuple[float, ...]  # every round's, in order
     decode_step_ms_median: float  # over every round's decode steps
     throughput_vs_baseline: float  # median over rounds of (this pool's / the baseline's)
 
@@ -215,6 +216,7 @@ def throughput_rows(loaded: LoadedModel, args: argparse.Namespace) -> list[PoolR
             largest_batch=run.batch,
             decode_steps=len(step_s) // args.rounds,
             decode_tokens_per_s=statistics.median(rate),
+            round_tokens_per_s=tuple(rate),
             decode_step_ms_median=statistics.median(step_s) * 1000,
             throughput_vs_baseline=statistics.median(
                 [ours / base for ours, base in zip(rate, rates[0], strict=True)]
@@ -241,6 +243,8 @@ def print_report(
             f"{r.decode_tokens_per_s:>12.1f} {r.decode_step_ms_median:>11.1f} "
             f"{r.throughput_vs_baseline:>7.2f}x"
         )
+    for r in pools:
+        print(f"{r.pool} rounds, tok/s: {', '.join(f'{x:.1f}' for x in r.round_tokens_per_s)}")
     base, ours = pools
     print(f"capacity: int8 / {base.pool} blocks = {ours.blocks / base.blocks:.3f}x")
     print()
