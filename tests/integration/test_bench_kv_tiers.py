@@ -38,7 +38,7 @@ def test_quick_peer_fetch_rows(tmp_path: Path) -> None:
     rows = _rows(tmp_path, "--peer-only")
     fetch = rows["prefix fetched vs recomputed"]
     assert fetch["same_tokens"] == 1.0, "a fetched prefix gives the holder's own tokens"
-    assert fetch["fetched_mb"] == pytest.approx(64 * 368_640 / 1e6), "1,024 fp32 tokens"
+    assert fetch["fetched_mb"] == pytest.approx(64 * 737_280 / 1e6), "1,024 fp32 tokens"
     for name in ("without peer fetch", "with peer fetch"):
         assert rows[name]["requests"] == 2 * 9 and rows[name]["fetch_fallbacks"] == 0, name
     assert rows["without peer fetch"]["fetches"] == 0
