@@ -337,7 +337,13 @@ def run_peer_bench(
         gaps_s = [rng.expovariate(rate) for _ in order]
         totals = {name: WorkloadTotals() for name in CONFIGS}
         for name in ABBA * s.rounds:  # without, with, with, without: drift hits both alike
-            config = RouterConfig(cost=cost, peer_fetch=CONFIGS[name])
+            config = RouterConfig(
+                cost=cost,
+                peer_fetch=CONFIGS[name],
+                # No admission control: every request is served, however long it waits.
+                adaptive_concurrency=False,
+                shed_ttft_factor=0.0,
+            )
             prompts = _shared_prompts(texts, asks, s, order)
             run_workload(cluster, config, prompts, gaps_s, totals[name])
     base_p90_ms = totals[ABBA[0]].row(ABBA[0], 1.0).ttft_p90_ms
