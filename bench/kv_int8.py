@@ -13,9 +13,10 @@ decoding ``--decode-tokens`` tokens (EOS ignored), as many as the pool holds at 
 every sequence's blocks (prefix caching off: none shares a block): the largest batch. All
 are admitted together; decode throughput counts the tokens of the steps that only decode,
 over those steps' time (a step observer), so prefill time is left out. Both engines (same
-weights) are built and warmed first, then timed in ``--rounds`` alternating rounds; each
-reports its median round, and the ratio is the median of the rounds' ratios (a machine
-shared with other work slows neighbouring runs alike).
+weights) are built and warmed first; in a round both get their batch and then step in turn,
+one step each, so that other work on a shared machine slows the two alike (timing them one
+after the other, a load spike on one side moved the ratio by up to 8x). Each reports its
+median round of ``--rounds``, and the ratio is the median of the rounds' ratios.
 
 Agreement: ``--agreement-prompts`` prompts of real text, 64-512 tokens, decoded greedily one
 at a time on each pool: the tokens in common before the first difference, and the largest
@@ -127,13 +128,29 @@ class ThroughputRun:
         self.timer = DecodeTimer()
         self.llm.engine.add_step_observer(self.timer)
 
-    def round(self) -> tuple[float, list[float]]:
-        """The whole batch once: decode tokens/s and the decode steps' seconds."""
+    def start(self, tag: str) -> None:
+        """Queue the whole batch (request ids prefixed ``tag``); forget the last timings."""
         self.timer.step_s, self.timer.tokens = [], 0
-        self.llm.generate(self.prompts, self.params)
+        for i, prompt in enumerate(self.prompts):
+            self.llm.engine.add_request(f"{tag}-{i}", prompt, self.params)
+
+    def result(self) -> tuple[float, list[float]]:
+        """Decode tokens/s of the batch just run, and its decode steps' seconds."""
         preempted = self.llm.engine.scheduler.stats().num_preemptions
         assert preempted == 0, f"{self.pool}: {preempted} preemptions at batch {self.batch}"
         return self.timer.tokens / sum(self.timer.step_s), self.timer.step_s
+
+
+def interleaved_round(runs: Sequence[ThroughputRun], tag: str) -> list[tuple[float, list[float]]]:
+    """Every run's batch once, the engines stepping in turn; each one's :meth:`result`."""
+    for run in runs:
+        run.start(tag)
+    engines = [run.llm.engine for run in runs]
+    while any(engine.has_unfinished() for engine in engines):
+        for engine in engines:
+            if engine.has_unfinished():
+                engine.step()
+    return [run.result() for run in runs]
 
 
 class TracedEngine:
@@ -203,9 +220,8 @@ def throughput_rows(loaded: LoadedModel, args: argparse.Namespace) -> list[PoolR
     runs = [ThroughputRun(loaded, pool, budget, prompts, args.decode_tokens) for pool in POOLS]
     rates: list[list[float]] = [[] for _ in runs]
     steps: list[list[float]] = [[] for _ in runs]
-    for _ in tqdm(range(args.rounds), desc="throughput", unit="round"):
-        for i, run in enumerate(runs):
-            rate, step_s = run.round()
+    for r in tqdm(range(args.rounds), desc="throughput", unit="round"):
+        for i, (rate, step_s) in enumerate(interleaved_round(runs, f"round{r}")):
             rates[i].append(rate)
             steps[i] += step_s
     return [
