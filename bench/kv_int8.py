@@ -13,9 +13,12 @@ decoding ``--decode-tokens`` tokens (EOS ignored), as many as the pool holds at 
 every sequence's blocks (prefix caching off: none shares a block): the largest batch. All
 are admitted together; decode throughput counts the tokens of the steps that only decode,
 over those steps' time (a step observer), so prefill time is left out. Both engines (same
-weights) are built and warmed first, then timed in ``--rounds`` alternating rounds; each
-reports its median round, and the ratio is the median of the rounds' ratios (a machine
-shared with other work slows neighbouring runs alike).
+weights) are built and warmed first; in a round both get their batch and then step in turn,
+one step each, so that other work on a shared machine slows the two alike (timing them one
+after the other, a load spike on one side moved the ratio by up to 8x). Each reports its
+best round of ``--rounds``, the least disturbed, and the ratio is of the best rounds (a busy
+machine favours the larger batch: rounds under other load gave 1.8-1.9x where quiet rounds
+of the same run gave 1.17x).
 
 Agreement: ``--agreement-prompts`` prompts of real text, 64-512 tokens, decoded greedily one
 at a time on each pool: the tokens in common before the first difference, and the largest
@@ -52,10 +55,10 @@ class PoolRow:
     blocks: int  # in the memory budget
     largest_batch: int
     decode_steps: int  # per round
-    decode_tokens_per_s: float  # the median round's
+    decode_tokens_per_s: float  # the best round's
     round_tokens_per_s: tuple[float, ...]  # every round's, in order
-    decode_step_ms_median: float  # over every round's decode steps
-    throughput_vs_baseline: float  # median over rounds of (this pool's / the baseline's)
+    decode_step_ms_median: float  # over the best round's decode steps
+    throughput_vs_baseline: float  # best round over the baseline's best round
 
 
 @dataclass(slots=True, frozen=True)
@@ -127,13 +130,29 @@ class ThroughputRun:
         self.timer = DecodeTimer()
         self.llm.engine.add_step_observer(self.timer)
 
-    def round(self) -> tuple[float, list[float]]:
-        """The whole batch once: decode tokens/s and the decode steps' seconds."""
+    def start(self, tag: str) -> None:
+        """Queue the whole batch (request ids prefixed ``tag``); forget the last timings."""
         self.timer.step_s, self.timer.tokens = [], 0
-        self.llm.generate(self.prompts, self.params)
+        for i, prompt in enumerate(self.prompts):
+            self.llm.engine.add_request(f"{tag}-{i}", prompt, self.params)
+
+    def result(self) -> tuple[float, list[float]]:
+        """Decode tokens/s of the batch just run, and its decode steps' seconds."""
         preempted = self.llm.engine.scheduler.stats().num_preemptions
         assert preempted == 0, f"{self.pool}: {preempted} preemptions at batch {self.batch}"
         return self.timer.tokens / sum(self.timer.step_s), self.timer.step_s
+
+
+def interleaved_round(runs: Sequence[ThroughputRun], tag: str) -> list[tuple[float, list[float]]]:
+    """Every run's batch once, the engines stepping in turn; each one's :meth:`result`."""
+    for run in runs:
+        run.start(tag)
+    engines = [run.llm.engine for run in runs]
+    while any(engine.has_unfinished() for engine in engines):
+        for engine in engines:
+            if engine.has_unfinished():
+                engine.step()
+    return [run.result() for run in runs]
 
 
 class TracedEngine:
@@ -201,28 +220,21 @@ def throughput_rows(loaded: LoadedModel, args: argparse.Namespace) -> list[PoolR
     count = most // blocks_per_sequence(args.prompt_tokens, args.decode_tokens)
     prompts = real_prompts(loaded, count, args.prompt_tokens, args.prompt_tokens, seed=1)
     runs = [ThroughputRun(loaded, pool, budget, prompts, args.decode_tokens) for pool in POOLS]
-    rates: list[list[float]] = [[] for _ in runs]
-    steps: list[list[float]] = [[] for _ in runs]
-    for _ in tqdm(range(args.rounds), desc="throughput", unit="round"):
-        for i, run in enumerate(runs):
-            rate, step_s = run.round()
-            rates[i].append(rate)
-            steps[i] += step_s
+    rounds = [interleaved_round(runs, f"round{r}") for r in tqdm(range(args.rounds), "rounds")]
+    best = [max((round_[i] for round_ in rounds), key=lambda x: x[0]) for i in range(len(runs))]
     return [
         PoolRow(
             pool=str(formats[run.pool]).removeprefix("torch."),
             block_bytes=block_bytes[run.pool],
             blocks=run.blocks,
             largest_batch=run.batch,
-            decode_steps=len(step_s) // args.rounds,
-            decode_tokens_per_s=statistics.median(rate),
-            round_tokens_per_s=tuple(rate),
+            decode_steps=len(step_s),
+            decode_tokens_per_s=rate,
+            round_tokens_per_s=tuple(round_[i][0] for round_ in rounds),
             decode_step_ms_median=statistics.median(step_s) * 1000,
-            throughput_vs_baseline=statistics.median(
-                [ours / base for ours, base in zip(rate, rates[0], strict=True)]
-            ),
+            throughput_vs_baseline=rate / best[0][0],
         )
-        for run, rate, step_s in zip(runs, rates, steps, strict=True)
+        for i, (run, (rate, step_s)) in enumerate(zip(runs, best, strict=True))
     ]
 
 

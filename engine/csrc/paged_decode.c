@@ -435,88 +435,135 @@ static inline void finish_rows(float *acc, int64_t rows, const __m512 *sums,
 
 DEFINE_LANE_SEQ(lane_seq_f32_64, float, dots16_f32, weights_f32, values16_f32, ordered_f32)
 
+#ifdef PD_LANE_BF16
+DEFINE_LANE_SEQ(lane_seq_bf16_64, uint16_t, dots16_bf16, weights_bf16, values16_bf16,
+                ordered_bf16)
+#endif
+
 /* The first `rows` of 16 int8 rows of 64 values (TS bytes apart, each with its scale after
- * it) as fp32 values at dst (64 floats apart), prefetching the rows at next. */
-static inline void dequantize16_int8(const int8_t *src, int64_t TS, int64_t rows, float *dst,
-                                     const int8_t *next) {
-    for (int64_t t = 0; t < rows; ++t) {
+ * it) widened, unscaled, to 64 fp32 values each at dst (exact), and their scales at
+ * scales[t] (0 past rows); the rows at next are prefetched. */
+static inline void widen16_int8_f32(const int8_t *src, int64_t TS, int64_t rows, float *dst,
+                                    float *scales, const int8_t *next) {
+    for (int64_t t = 0; t < PD_LANES; ++t) {
+        if (t >= rows) {
+            scales[t] = 0.0f;
+            continue;
+        }
         const int8_t *row = src + t * TS;
         prefetch_run(next + t * TS, 64 + KV_INT8_SCALE_BYTES, 0);
-        const __m512 scale = _mm512_set1_ps(int8_row_scale(row, 64));
+        scales[t] = int8_row_scale(row, 64);
         for (int i = 0; i < 4; ++i) {
-            const __m512i wide = _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(row + 16 * i)));
-            _mm512_storeu_ps(dst + t * 64 + 16 * i, _mm512_mul_ps(_mm512_cvtepi32_ps(wide), scale));
+            const __m128i bytes = _mm_loadu_si128((const void *)(row + 16 * i));
+            _mm512_storeu_ps(dst + t * 64 + 16 * i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
         }
     }
 }
 
-/* lane_seq_f32_64 over an int8 pool: each chunk's 16 K and V rows of a kv head dequantized
- * into fp32 staging (8 KB, in L1) once, where the fp32 code reads them for each of the G
- * query rows. q: fp32, unscaled; staged: 2 * 16 * 64 floats of scratch. Measured (Zen 4,
- * 2026-11-27; 32 sequences of 800 positions, 30 layers, bf16 queries, medians of 7
- * alternating runs): two threads 0.97x the time of the bf16 pool's kernel, reading half its
- * bytes; one thread 1.2x; the portable int8 code, before this, 4.5x. */
-static void lane_seq_int8_64(const Geometry *geo, const int8_t *pool, const int32_t *table,
-                             int64_t len, int64_t h0, int64_t nh, const int8_t *after,
-                             const float *q, float scale, float *weights, float *acc, float *m,
-                             __m512 *sums, float *staged) {
-    const int64_t D = 64, BS = geo->block_size, TS = geo->token_stride;
-    const int64_t G = geo->num_heads / geo->num_kv_heads, rows = nh * G;
-    const int64_t num_blocks = (len + BS - 1) / BS;
-    const int8_t *base = pool + geo->layer_offset + h0 * geo->head_stride;
-    float *k_staged = staged, *v_staged = staged + PD_LANES * D;
-    for (int64_t r = 0; r < rows; ++r) {
-        m[r] = -FLT_MAX;
-        sums[r] = _mm512_setzero_ps();
+/* One int8 pool chunk's work, the way lane_seq_*_64 does a float pool's: per kv head, the
+ * chunk's 16 K and V rows widened once into staging (WIDEN16: to the STAGED element type,
+ * 8 KB or less, in L1), where DOTS16 and VALUES16 read them for each of the G query rows;
+ * the row scales multiply the scores (K) and the softmax weights (V), after the weights'
+ * sum. q: the rows' query vectors (QELEM), unscaled; staged: 2 * 16 * 64 STAGED elements
+ * then 2 * 16 floats of scratch; the rest as in DEFINE_LANE_SEQ. */
+#define DEFINE_LANE_SEQ_INT8(NAME, QELEM, STAGED, WIDEN16, DOTS16, WEIGHTS, VALUES16, ORDERED) \
+    static void NAME(const Geometry *geo, const int8_t *pool, const int32_t *table,           \
+                     int64_t len, int64_t h0, int64_t nh, const int8_t *after,                 \
+                     const QELEM *q, float scale, float *weights, float *acc, float *m,        \
+                     __m512 *sums, STAGED *staged) {                                           \
+        const int64_t D = 64, BS = geo->block_size, TS = geo->token_stride;                    \
+        const int64_t G = geo->num_heads / geo->num_kv_heads, rows = nh * G;                   \
+        const int64_t num_blocks = (len + BS - 1) / BS;                                        \
+        const int8_t *base = pool + geo->layer_offset + h0 * geo->head_stride;                 \
+        STAGED *k_staged = staged, *v_staged = staged + PD_LANES * D;                          \
+        float *k_scales = (float *)(staged + 2 * PD_LANES * D), *v_scales = k_scales + PD_LANES; \
+        for (int64_t r = 0; r < rows; ++r) {                                                   \
+            m[r] = -FLT_MAX;                                                                   \
+            sums[r] = _mm512_setzero_ps();                                                     \
+        }                                                                                      \
+        memset(acc, 0, (size_t)(rows * D) * sizeof(float));                                    \
+        for (int64_t j = 0; j < num_blocks; ++j) {                                             \
+            const int8_t *k_block = base + table[j] * geo->block_stride;                       \
+            const int8_t *k_next = NEXT_BLOCK(base, table, j, num_blocks, geo, after, k_block); \
+            const int64_t in_block = len - j * BS < BS ? len - j * BS : BS;                    \
+            for (int64_t t0 = 0; t0 < in_block; t0 += PD_LANES) {                              \
+                const int64_t n = in_block - t0 < PD_LANES ? in_block - t0 : PD_LANES;         \
+                const __mmask16 valid = (__mmask16)((1u << n) - 1u);                           \
+                for (int64_t h = 0; h < nh; ++h) {                                             \
+                    const int8_t *k = k_block + t0 * TS + h * geo->head_stride;                \
+                    const int8_t *k_ahead = k_next + t0 * TS + h * geo->head_stride;           \
+                    WIDEN16(k, TS, n, k_staged, k_scales, k_ahead);                            \
+                    WIDEN16(k + geo->kv_stride, TS, n, v_staged, v_scales,                     \
+                            k_ahead + geo->kv_stride);                                         \
+                    const __m512 k_scale = _mm512_loadu_ps(k_scales);                          \
+                    const __m512 v_scale = _mm512_loadu_ps(v_scales);                          \
+                    float shrink[PD_MAX_GROUP];                                                \
+                    for (int64_t g = 0; g < G; ++g) {                                          \
+                        const int64_t r = h * G + g;                                           \
+                        __m512 dots[PD_LANES];                                                 \
+                        DOTS16(k_staged, D, n, q + r * D, dots, NULL);                         \
+                        const __m512 s = _mm512_mul_ps(sum_lanes16(dots), k_scale);            \
+                        const __m512 p =                                                       \
+                            softmax_step16(s, scale, valid, m + r, sums + r, shrink + g);      \
+                        WEIGHTS(_mm512_mul_ps(p, v_scale), weights + g * PD_LANES);            \
+                    }                                                                          \
+                    __m512 out[PD_MAX_GROUP][4];                                               \
+                    load_outputs(acc + h * G * D, G, shrink, out);                             \
+                    VALUES16(v_staged, D, n, G, weights, out, v_staged);                       \
+                    store_outputs(out, G, acc + h * G * D);                                    \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        finish_rows(acc, rows, sums, ORDERED);                                                 \
     }
-    memset(acc, 0, (size_t)(rows * D) * sizeof(float));
-    for (int64_t j = 0; j < num_blocks; ++j) {
-        const int8_t *k_block = base + table[j] * geo->block_stride;
-        const int8_t *k_next = NEXT_BLOCK(base, table, j, num_blocks, geo, after, k_block);
-        const int64_t in_block = len - j * BS < BS ? len - j * BS : BS;
-        for (int64_t t0 = 0; t0 < in_block; t0 += PD_LANES) {
-            const int64_t n = in_block - t0 < PD_LANES ? in_block - t0 : PD_LANES;
-            const __mmask16 valid = (__mmask16)((1u << n) - 1u);
-            for (int64_t h = 0; h < nh; ++h) {
-                const int8_t *k = k_block + t0 * TS + h * geo->head_stride;
-                const int8_t *k_ahead = k_next + t0 * TS + h * geo->head_stride;
-                dequantize16_int8(k, TS, n, k_staged, k_ahead);
-                dequantize16_int8(k + geo->kv_stride, TS, n, v_staged, k_ahead + geo->kv_stride);
-                float shrink[PD_MAX_GROUP];
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = h * G + g;
-                    __m512 dots[PD_LANES];
-                    dots16_f32(k_staged, D, n, q + r * D, dots, NULL);
-                    const __m512 p =
-                        softmax_step16(sum_lanes16(dots), scale, valid, m + r, sums + r, shrink + g);
-                    weights_f32(p, weights + g * PD_LANES);
-                }
-                __m512 out[PD_MAX_GROUP][4];
-                load_outputs(acc + h * G * D, G, shrink, out);
-                values16_f32(v_staged, D, n, G, weights, out, v_staged);
-                store_outputs(out, G, acc + h * G * D);
-            }
+
+/* fp32 queries: fp32 products, as lane_seq_f32_64. */
+DEFINE_LANE_SEQ_INT8(lane_seq_int8_f32_64, float, float, widen16_int8_f32, dots16_f32,
+                     weights_f32, values16_f32, ordered_f32)
+#ifdef PD_LANE_BF16
+/* The rows widened to bf16 (exact: |value| <= 127), the products on vdpbf16ps as
+ * lane_seq_bf16_64 does them. */
+static inline void widen16_int8_bf16(const int8_t *src, int64_t TS, int64_t rows,
+                                     uint16_t *dst, float *scales, const int8_t *next) {
+    for (int64_t t = 0; t < PD_LANES; ++t) {
+        if (t >= rows) {
+            scales[t] = 0.0f;
+            continue;
+        }
+        const int8_t *row = src + t * TS;
+        prefetch_run(next + t * TS, 64 + KV_INT8_SCALE_BYTES, 0);
+        scales[t] = int8_row_scale(row, 64);
+        for (int i = 0; i < 2; ++i) {
+            const __m128i low = _mm_loadu_si128((const void *)(row + 32 * i));
+            const __m128i high = _mm_loadu_si128((const void *)(row + 32 * i + 16));
+            const __m512bh words = _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(high)),
+                                                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(low)));
+            memcpy(dst + t * 64 + 32 * i, &words, sizeof words);
         }
     }
-    finish_rows(acc, rows, sums, ordered_f32);
 }
-#ifdef PD_LANE_BF16
-DEFINE_LANE_SEQ(lane_seq_bf16_64, uint16_t, dots16_bf16, weights_bf16, values16_bf16,
-                ordered_bf16)
+
+/* bf16 queries. Measured against the bf16 pool's kernel on the same sequences (Zen 4,
+ * 2026-11-27; 32 sequences of 800 positions, 30 layers, medians of 7 alternating runs):
+ * 0.79x its time on two threads, 0.82x on one, reading half its bytes; widened to fp32
+ * (lane_seq_int8_f32_64) it was 0.97x and 1.2x, and the portable code 4.5x. */
+DEFINE_LANE_SEQ_INT8(lane_seq_int8_bf16_64, uint16_t, uint16_t, widen16_int8_bf16, dots16_bf16,
+                     weights_bf16, values16_bf16, ordered_bf16)
 #endif
 #endif
 
 /* Scratch of one thread, carved from one 64-byte aligned allocation: rows 16-lane running
  * sums (first, so aligned for vector stores), rows query vectors, rows outputs, rows *
  * max(block_size, 16) scores, rows running maxima, rows running sums, and for an int8 pool
- * a chunk's K and V rows in fp32 (2 * 16 * head_dim). */
+ * a chunk's K and V rows widened (2 * 16 * head_dim floats at most) and their scales (2 *
+ * 16). */
 typedef struct {
     float *lanes, *q, *acc, *scores, *m, *l, *staged;
 } Scratch;
 
 static float *scratch_alloc(Scratch *sc, int64_t rows, int64_t head_dim, int64_t block_size) {
     const int64_t score_width = block_size > 16 ? block_size : 16;
-    const int64_t floats = rows * (16 + 2 * head_dim + score_width + 2) + 2 * 16 * head_dim;
+    const int64_t floats = rows * (16 + 2 * head_dim + score_width + 2) + 2 * 16 * (head_dim + 1);
     const size_t bytes = (size_t)floats * sizeof(float);
     float *base = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (base == NULL) return NULL;
@@ -537,25 +584,37 @@ static float *scratch_alloc(Scratch *sc, int64_t rows, int64_t head_dim, int64_t
                                                           sc->q, sc->scores, sc->acc, sc->m,    \
                                                           sc->l)
 
-/* An item over an int8 pool: the query rows widened to fp32, the AVX-512 code for head_dim
- * 64 where it is built (else the portable code, on rows scaled here), the output rounded to
- * the query's dtype. */
+/* An item over an int8 pool: for head_dim 64, the AVX-512 code where it is built (bf16
+ * queries on vdpbf16ps where the CPU has it, else widened to fp32); otherwise the portable
+ * code, on the query rows widened and scaled here; the output rounded to the query's dtype. */
 static void run_int8_item(const Geometry *geo, int dtype, const void *q_src, const int8_t *pool,
                           const int32_t *table, int64_t len, int64_t h0, int64_t nh,
                           const int8_t *after, float scale, void *out_dst, Scratch *sc) {
     const int64_t D = geo->head_dim, n = nh * (geo->num_heads / geo->num_kv_heads) * D;
-    for (int64_t i = 0; i < n; ++i)
-        sc->q[i] = dtype == KV_FLOAT32 ? ((const float *)q_src)[i]
-                                       : bf16_to_f32(((const uint16_t *)q_src)[i]);
 #ifdef PD_LANE_KERNELS
-    if (D == 64 && geo->num_heads / geo->num_kv_heads <= PD_MAX_GROUP)
-        lane_seq_int8_64(geo, pool, table, len, h0, nh, after, sc->q, scale, sc->scores, sc->acc,
-                         sc->m, (__m512 *)sc->lanes, sc->staged);
+    const int lanes = D == 64 && geo->num_heads / geo->num_kv_heads <= PD_MAX_GROUP;
+    __m512 *sums = (__m512 *)sc->lanes;
+#ifdef PD_LANE_BF16
+    if (lanes && dtype == KV_BFLOAT16)
+        lane_seq_int8_bf16_64(geo, pool, table, len, h0, nh, after, q_src, scale, sc->scores,
+                              sc->acc, sc->m, sums, (uint16_t *)sc->staged);
     else
 #endif
+#endif
     {
-        for (int64_t i = 0; i < n; ++i) sc->q[i] *= scale;
-        RUN_PORTABLE(int8);
+        for (int64_t i = 0; i < n; ++i)
+            sc->q[i] = dtype == KV_FLOAT32 ? ((const float *)q_src)[i]
+                                           : bf16_to_f32(((const uint16_t *)q_src)[i]);
+#ifdef PD_LANE_KERNELS
+        if (lanes)
+            lane_seq_int8_f32_64(geo, pool, table, len, h0, nh, after, sc->q, scale, sc->scores,
+                                 sc->acc, sc->m, sums, sc->staged);
+        else
+#endif
+        {
+            for (int64_t i = 0; i < n; ++i) sc->q[i] *= scale;
+            RUN_PORTABLE(int8);
+        }
     }
     if (dtype == KV_FLOAT32) {
         memcpy(out_dst, sc->acc, (size_t)n * sizeof(float));
