@@ -4,7 +4,9 @@ Method: a real redis-server (embedded, or ``--redis-url``) on loopback; 16 regis
 workers, each caching ``--blocks-per-worker`` blocks. The cached content follows a chat-like
 workload: ``--groups`` shared system prompts of 32 blocks (each worker holds a few groups),
 and multi-turn conversations of 256 blocks, each cached by 1-3 workers up to a random depth;
-the rest of every cache is unrelated blocks. Each lookup draws a conversation and asks all 16
+the rest of every cache is unrelated blocks. "chat, tiers" is the same caches with each block
+in the pool, host memory or on disk at random, so the lookup also counts tiers. Each lookup
+draws a conversation and asks all 16
 workers at once. Latency is wall time of ``LocalityIndex.longest_prefix`` (client hashing to
 hex, one EVALSHA, parsing); round trips are requests written to the socket, counted by a
 connection subclass.
@@ -27,6 +29,7 @@ from pdserve.cluster.kv_events import KvEventSequencer
 from pdserve.cluster.locality_index import LocalityIndex
 from pdserve.cluster.redis_server import embedded_or_external
 from pdserve.cluster.registry import WorkerRegistry
+from pdserve.engine.kv_cache.tiers import KVTier
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo, WorkerRole
 
@@ -76,14 +79,20 @@ def _worker_caches(
     return caches
 
 
-def _populate(client: redis.Redis, keys: RedisKeys, caches: list[set[int]]) -> list[str]:
+def _populate(
+    client: redis.Redis, keys: RedisKeys, caches: list[set[int]], rng: random.Random | None = None
+) -> list[str]:
+    """Register one worker per cache and index it; with ``rng``, each block lives in the
+    pool, host memory or on disk at random (a third each)."""
     registry, index = WorkerRegistry(client, keys, lease_s=600), LocalityIndex(client, keys)
     ids = []
     for i, cache in enumerate(caches):
         info = WorkerInfo(f"prefill-{i:02d}", WorkerRole.PREFILL, f"127.0.0.1:{7000 + i}",
                           "SmolLM2-135M-Instruct", 8192, 16, registry.allocate_epoch())  # fmt: skip
         registry.register(info)
-        index.apply([KvEventSequencer(info.worker_id, info.epoch).snapshot(sorted(cache))])
+        hashes = sorted(cache)
+        tiers = [rng.choice(list(KVTier)) for _ in hashes] if rng is not None else []
+        index.apply([KvEventSequencer(info.worker_id, info.epoch).snapshot(hashes, tiers)])
         ids.append(info.worker_id)
     return ids
 
@@ -107,7 +116,7 @@ def measure(
         start = time.perf_counter_ns()
         result = index.longest_prefix(prompt, ids)
         latencies_us.append((time.perf_counter_ns() - start) / 1000)
-        found.extend(result.values())
+        found.extend(hit.blocks for hit in result.values())
     trips = (_CountingConnection.sent - sent_before) / len(prompts)
     usec_after, calls_after = _evalsha_usec_calls(client)
     server_us = (usec_after - usec_before) / max(1, calls_after - calls_before)
@@ -122,22 +131,32 @@ def run(url: str, lookups: int, groups: int, blocks_per_worker: int, seed: int) 
     client = redis.Redis(connection_pool=pool)
     keys = RedisKeys(f"bench{rng.getrandbits(32):08x}:")
     convs = _conversations(rng, groups, 400)
-    ids = _populate(client, keys, _worker_caches(rng, convs, 16, blocks_per_worker))
-    index = LocalityIndex(client, keys)
+    caches = _worker_caches(rng, convs, 16, blocks_per_worker)
+    ids = _populate(client, keys, caches)
+    tier_keys = RedisKeys(keys.prefix.rstrip(":") + "t:")
+    tier_ids = _populate(client, tier_keys, caches, rng)
+    index, tier_index = LocalityIndex(client, keys), LocalityIndex(client, tier_keys)
+    chat = [rng.choice(convs) for _ in range(lookups)]
     cases = {
-        "chat overlap": [rng.choice(convs) for _ in range(lookups)],
-        "cold (no hit)": [[rng.getrandbits(64) for _ in range(PROMPT_BLOCKS)]] * lookups,
-        "all hold all": _all_hold_all(client, keys, rng, lookups),
+        "chat overlap": (index, chat, ids),
+        "chat, tiers": (tier_index, chat, tier_ids),
+        "cold (no hit)": (
+            index,
+            [[rng.getrandbits(64) for _ in range(PROMPT_BLOCKS)]] * lookups,
+            ids,
+        ),
+        "all hold all": (index, _all_hold_all(client, keys, rng, lookups), _ALL_IDS),
     }
     print(f"{'case':<14} {'p50 us':>8} {'p90 us':>8} {'p99 us':>8} {'mean us':>8} "
           f"{'trips':>6} {'server us':>9} {'avg hit blk':>11}")  # fmt: skip
-    for name, prompts in cases.items():
-        s = measure(client, index, prompts, ids if name != "all hold all" else _ALL_IDS)
+    for name, (case_index, prompts, case_ids) in cases.items():
+        s = measure(client, case_index, prompts, case_ids)
         print(f"{name:<14} {s.p50_us:8.0f} {s.p90_us:8.0f} {s.p99_us:8.0f} {s.mean_us:8.0f} "
               f"{s.round_trips_per_lookup:6.2f} {s.server_us_per_lookup:9.0f} "
               f"{s.mean_prefix_blocks:11.1f}")  # fmt: skip
-    for key in client.scan_iter(match=keys.prefix + "*", count=1000):
-        client.delete(key)
+    for prefix in (keys.prefix, tier_keys.prefix):
+        for key in client.scan_iter(match=prefix + "*", count=1000):
+            client.delete(key)
     client.close()
 
 

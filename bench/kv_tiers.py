@@ -11,9 +11,11 @@ round-robin over the conversations, so a conversation's history has left the poo
 small for all of them) by the time it comes back. Requests run one at a time; each
 generates 8 tokens and its TTFT is measured from the call to its first token.
 
-Configurations: ``pool only`` (prefix caching in the pool), ``host tier`` (int8 blocks in
-host memory, room for the whole working set), ``disk tier`` (no host tier: the blocks go to
-checksummed files in a temporary directory). Each engine is built and warmed once.
+Configurations: ``pool only`` (prefix caching in the pool); ``host exact`` and ``host int8``
+(blocks in host memory as their own bytes or as int8, room for the whole working set);
+``disk exact`` and ``disk int8`` (no host tier: the blocks go to checksummed files in a
+temporary directory). Each engine is built and warmed once. ``tier MB`` is what the tiers
+hold at the end.
 """
 
 from __future__ import annotations
@@ -24,17 +26,22 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from tqdm import tqdm
 
 from pdserve.bench.engine_args import engine_bench_parser, write_rows
+from pdserve.bench.kv_peer_fetch import PeerBenchSettings, print_tables, run_peer_bench
+from pdserve.bench.kv_tier_loads import TierLoadRow, measure_tier_loads
 from pdserve.bench.workload import Tokenize, load_paragraphs
 from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.model.registry import resolve_model
+from pdserve.engine.tokenizer import load_tokenizer
 from pdserve.engine.worker_state import LoadedModel, load
 
 BLOCK_SIZE = 16
 WORKING_SET_OVER_POOL = 4
-HOST_BYTES_PER_BLOCK = 200_000  # an int8 block of the default model, with its scales
+HOST_BYTES_PER_BLOCK = 740_000  # an fp32 block of the default model (int8: a quarter)
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
@@ -47,6 +54,7 @@ class Row:
     p90_speedup: float  # pool only's p90 over this configuration's
     wall_s: float
     same_first_tokens: float  # share of requests whose 8 tokens equal pool only's
+    tier_mb: float  # bytes the tiers hold at the end
 
 
 def conversations(tokenize: Tokenize, count: int, turns: int) -> list[list[list[int]]]:
@@ -68,11 +76,10 @@ def conversations(tokenize: Tokenize, count: int, turns: int) -> list[list[list[
 def build_engines(loaded: LoadedModel, num_blocks: int, tmp: str) -> dict[str, LLM]:
     pool = {"num_blocks": num_blocks, "block_size": BLOCK_SIZE}
     host_bytes = WORKING_SET_OVER_POOL * num_blocks * HOST_BYTES_PER_BLOCK * 2
-    configs: dict[str, dict[str, object]] = {
-        "pool only": {},
-        "host tier": {"host_tier_bytes": host_bytes},
-        "disk tier": {"disk_tier_path": tmp},
-    }
+    configs: dict[str, dict[str, object]] = {"pool only": {}}
+    for codec in ("exact", "int8"):
+        configs[f"host {codec}"] = {"host_tier_bytes": host_bytes, "tier_codec": codec}
+        configs[f"disk {codec}"] = {"disk_tier_path": f"{tmp}/{codec}", "tier_codec": codec}
     engines = {}
     for name, config in configs.items():
         llm = LLM(None, loaded=loaded, **pool, **config)
@@ -82,7 +89,7 @@ def build_engines(loaded: LoadedModel, num_blocks: int, tmp: str) -> dict[str, L
 
 
 def run(llm: LLM, order: Sequence[list[int]]) -> tuple[list[float], list[list[int]], float, float]:
-    """TTFTs (s), outputs, prefix hit rate of these requests, wall time."""
+    """TTFTs (s), outputs, prefix hit rate of these requests, wall time (tiers start empty)."""
     kv = llm.engine.kv
     hits, queried = kv.prefix_hit_tokens, kv.prefix_queried_tokens
     ttfts, outputs = [], []
@@ -109,7 +116,7 @@ def _timed(llm: LLM, prompt: list[int]) -> tuple[float, list[int]]:
     return first[0] - sent, result[0].token_ids
 
 
-def run_bench(args: argparse.Namespace) -> list[Row]:
+def run_bench(args: argparse.Namespace) -> tuple[list[Row], list[TierLoadRow]]:
     loaded = load(args.model, args.dtype)
     count, turns = (3, 2) if args.quick else (args.conversations, args.turns)
     convs = conversations(lambda t: list(loaded.tokenizer.encode(t)), count, turns)
@@ -127,11 +134,14 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
         results = {}
         for name, llm in tqdm(engines.items(), desc="kv tiers", unit="config"):
             results[name] = run(llm, order)
+        pool = engines["pool only"].engine.runner.kv_cache
+        loads = measure_tier_loads(tuple(pool.shape[1:]), pool.dtype, Path(tmp) / "loads")
     base_ttfts, base_outputs, _, _ = results["pool only"]
     base_p90 = _p90(base_ttfts)
     rows = []
     for name, (ttfts, outputs, rate, wall_s) in results.items():
         same = sum(a == b for a, b in zip(outputs, base_outputs, strict=True)) / len(outputs)
+        tiers = engines[name].engine.tier_stats()
         rows.append(
             Row(
                 config=name,
@@ -141,9 +151,10 @@ def run_bench(args: argparse.Namespace) -> list[Row]:
                 p90_speedup=base_p90 / _p90(ttfts),
                 wall_s=wall_s,
                 same_first_tokens=same,
+                tier_mb=(tiers.host_used_bytes + tiers.disk_used_bytes) / 1e6,
             )
         )
-    return rows
+    return rows, loads
 
 
 def _p90(values: Sequence[float]) -> float:
@@ -153,23 +164,54 @@ def _p90(values: Sequence[float]) -> float:
 def print_table(rows: Sequence[Row]) -> None:
     print(
         f"{'config':<10} {'prefix hits':>11} {'TTFT p50 ms':>11} {'TTFT p90 ms':>11} "
-        f"{'p90 vs pool':>11} {'wall s':>7} {'same tokens':>11}"
+        f"{'p90 vs pool':>11} {'wall s':>7} {'same tokens':>11} {'tier MB':>8}"
     )
     for r in rows:
         print(
             f"{r.config:<10} {r.prefix_hit_rate:>10.1%} {r.ttft_p50_ms:>11.1f} "
             f"{r.ttft_p90_ms:>11.1f} {r.p90_speedup:>10.2f}x {r.wall_s:>7.1f} "
-            f"{r.same_first_tokens:>10.0%}"
+            f"{r.same_first_tokens:>10.0%} {r.tier_mb:>8.1f}"
         )
 
 
+def peer_settings(args: argparse.Namespace) -> PeerBenchSettings:
+    if args.quick:
+        return PeerBenchSettings(
+            args.model, args.dtype, repeats=1, prefix_tokens=1024, groups=3, per_group=3,
+            shared_prefix_tokens=1024, question_tokens=128, num_blocks=320,
+        )  # fmt: skip
+    return PeerBenchSettings(args.model, args.dtype, repeats=args.repeats, load=args.load)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = engine_bench_parser("kv_tiers", __doc__, "3 conversations x 2")
+    parser = engine_bench_parser(
+        "kv_tiers", __doc__, "3 conversations x 2; peer fetch: one 1,024-token prefix, 6 requests"
+    )
     parser.add_argument("--conversations", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="peer fetch: prefixes timed")
+    parser.add_argument(
+        "--load", type=float, default=2.0,
+        help="shared-prefix workload: requests per time to compute one document",
+    )  # fmt: skip
+    parts = parser.add_mutually_exclusive_group()
+    parts.add_argument("--tiers-only", action="store_true", help="no peer fetch rows")
+    parts.add_argument("--peer-only", action="store_true", help="only the peer fetch rows")
     args = parser.parse_args(argv)
-    rows = run_bench(args)
-    print_table(rows)
+    rows: list[object] = []
+    if not args.peer_only:
+        tier_rows, load_rows = run_bench(args)
+        print_table(tier_rows)
+        for load_row in load_rows:
+            print(f"{load_row.config:<22} {load_row.load_ms_per_block:.3f} ms per block")
+        rows += [*tier_rows, *load_rows]
+    if not args.tiers_only:
+        tokenizer = load_tokenizer(resolve_model(args.model))
+        fetch_row, shared_rows = run_peer_bench(
+            peer_settings(args), lambda t: list(tokenizer.encode(t))
+        )
+        print_tables(fetch_row, shared_rows)
+        rows += [fetch_row, *shared_rows]
     write_rows(rows, args.json)
     return 0
 

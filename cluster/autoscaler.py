@@ -212,7 +212,7 @@ class Autoscaler:
                     pool.replicas,
                     pool.reason,
                 )
-                self.actuator.scale(pool.role, pool.replicas)
+                self.actuator.scale(pool.role, pool.replicas, pool.drain_first)
         if self._on_decision is not None:
             self._on_decision(decision)
         return decision

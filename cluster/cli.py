@@ -15,6 +15,7 @@ from pdserve.cluster import (
     cli_autoscale,
     cli_bench,
     cli_generate,
+    cli_join,
     cli_profile,
     cli_serve,
     cli_status,
@@ -26,6 +27,9 @@ pdserve: a disaggregated prefill/decode LLM serving cluster.
 
   pdserve generate   run the engine offline on a few prompts (greedy with --temperature 0)
   pdserve up         start a cluster: Redis, Ray, prefill/decode workers, router
+                     (--head: the head of several hosts)
+  pdserve join       add this host (its workers, a router) to a cluster led by `up --head`
+  pdserve leave      drain this host's workers and take it out of the cluster
   pdserve status     pools, workers and KV index of a running cluster
   pdserve scale      resize a pool of a running cluster
   pdserve router     one router over the cluster's Redis (a Kubernetes pod's command)
@@ -48,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_generate.add_parser(sub)
     cli_bench.add_parser(sub)
     cli_up.add_parser(sub)
+    cli_join.add_parsers(sub)
     cli_status.add_parser(sub)
     cli_serve.add_parsers(sub)
     cli_autoscale.add_parser(sub)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve.cluster.settings import Settings
 
 if TYPE_CHECKING:
-    from pdserve.cluster.actuators import Actuator
+    from pdserve.cluster.actuators import Actuator, WorkerDrain
     from pdserve.cluster.autoscaler import AutoscaleSettings
 
 log = logging.getLogger("pdserve.autoscale")
@@ -34,6 +34,9 @@ def add_autoscale_arguments(p: argparse.ArgumentParser, metrics_flag: str) -> No
     add("--max-prefill", type=int, default=8, help="autoscaling: most prefill workers")
     add("--min-decode", type=int, default=1, help="autoscaling: fewest decode workers")
     add("--max-decode", type=int, default=8, help="autoscaling: most decode workers")
+    add("--target-utilization", type=float, default=0.8,
+        help="share of a worker's profiled capacity the pools are sized for: the operating "
+        "point between worker-hours and headroom (default 0.8)")  # fmt: skip
     add("--scale-up-cooldown-s", type=float, default=30.0,
         help="seconds between scale-ups, unless KV or the queue runs out (default 30)")  # fmt: skip
     add("--scale-down-cooldown-s", type=float, default=120.0,
@@ -60,6 +63,7 @@ def autoscale_settings(args: argparse.Namespace, stored_profile: str | None) -> 
     planner = PlannerConfig(
         prefill=PoolLimits(args.min_prefill, args.max_prefill),
         decode=PoolLimits(args.min_decode, args.max_decode),
+        target_utilization=args.target_utilization,
         scale_up_cooldown_s=args.scale_up_cooldown_s,
         scale_down_cooldown_s=args.scale_down_cooldown_s,
         scale_down_sustain_s=args.scale_down_after_s,
@@ -107,6 +111,7 @@ def run_planner(args: argparse.Namespace) -> int:
     from pdserve.cluster.autoscaler import OrderedReplicas, RedisClusterView, build_autoscaler
     from pdserve.cluster.locality_index import LocalityIndex
     from pdserve.cluster.registry import WorkerRegistry
+    from pdserve.cluster.worker_drain import DrainConfig, RegistryDrain
     from pdserve.proto.redis_keys import RedisKeys
 
     logging.basicConfig(
@@ -119,8 +124,11 @@ def run_planner(args: argparse.Namespace) -> int:
     stored = client.get(keys.capacity_profile)
     text = stored.decode() if isinstance(stored, bytes) else stored
     settings = autoscale_settings(args, text)
-    ordered = OrderedReplicas(_actuator(args))
-    registry = WorkerRegistry(client, keys, Settings.from_env().lease_s)
+    env = Settings.from_env()
+    registry = WorkerRegistry(client, keys, env.lease_s)
+    # Drained before removal: settled once a heartbeat after the routers' refresh (0.25 s).
+    drain = RegistryDrain(registry, DrainConfig(env.drain_timeout_s, env.heartbeat_s + 0.5))
+    ordered = OrderedReplicas(_actuator(args, drain))
 
     index = LocalityIndex(client, keys)
     view = RedisClusterView(
@@ -136,14 +144,15 @@ def run_planner(args: argparse.Namespace) -> int:
         time.sleep(args.interval_s)
 
 
-def _actuator(args: argparse.Namespace) -> Actuator:
+def _actuator(args: argparse.Namespace, drain: WorkerDrain) -> Actuator:
     from pdserve.cluster.actuators import MetricsOnlyActuator
 
     if args.apply == "metrics":
         return MetricsOnlyActuator()
-    from pdserve.cluster.actuators.kubernetes import KubernetesActuator, KubernetesActuatorConfig
+    from pdserve.cluster.actuators.kubernetes import KubernetesActuator
+    from pdserve.cluster.actuators.kubernetes_client import KubernetesActuatorConfig
 
     config = KubernetesActuatorConfig(
         args.namespace, args.prefill_deployment, args.decode_deployment, host=args.kubernetes_host
     )
-    return KubernetesActuator.from_config(config)
+    return KubernetesActuator.from_config(config, drain)

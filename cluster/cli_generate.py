@@ -7,7 +7,11 @@ import dataclasses
 import json
 from typing import Any
 
-from pdserve.engine.kv_cache.tier_options import add_kv_tier_arguments, kv_tier_settings
+from pdserve.engine.kv_cache.tier_options import (
+    add_kv_cache_dtype_argument,
+    add_kv_tier_arguments,
+    kv_tier_settings,
+)
 from pdserve.engine.speculative.options import add_speculative_arguments, speculative_config
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -34,6 +38,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stop", action="append", default=[], help="a stop string; repeat for more")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_kv_cache_dtype_argument(p)
     add_kv_tier_arguments(p)
     add_speculative_arguments(p)
     p.set_defaults(run=run)
@@ -51,7 +56,13 @@ def run(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
     )
     tiers = kv_tier_settings(args)
-    llm = LLM(model=args.model, dtype=args.dtype, **tiers, **_speculation_options(args))
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        **tiers,
+        **_speculation_options(args),
+    )
     prompts: list[str | list[int]] = list(args.prompt)
     if args.chat:
         prompts = [

@@ -1,6 +1,10 @@
 """`pdserve router` and `pdserve worker`: one router, or one worker, as a process of its own
 over the cluster's Redis (what a Kubernetes pod runs; `pdserve up` runs both under Ray).
 
+Give both the cluster secret (``--cluster-secret-file`` or ``PDSERVE_CLUSTER_SECRET_FILE``)
+to secure the inside as `pdserve up` does: workers then serve mutual TLS and authenticated KV,
+routers call them with the secret's certificate (the Redis URL brings its own password).
+
 A worker registers in Redis once it serves (its KV events feed the locality index) and, on
 SIGTERM, deregisters, lets its running requests finish (up to ``--grace-s``) and stops. The
 router finds the workers in the same Redis and serves OpenAI HTTP and gRPC until SIGTERM.
@@ -14,16 +18,22 @@ import logging
 import signal
 import socket
 import threading
-from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
+from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 from pdserve.engine.kv_cache.tier_options import (
+    add_kv_cache_dtype_argument,
     add_kv_tier_arguments,
     kv_tier_flags,
     kv_tier_settings,
 )
 from pdserve.engine.speculative.options import add_speculative_arguments, speculative_flags
+
+if TYPE_CHECKING:
+    from pdserve.worker.cluster_secret import ClusterSecret
 
 log = logging.getLogger("pdserve.serve")
 
@@ -33,6 +43,9 @@ def _add_redis_arguments(p: argparse.ArgumentParser, settings: Settings) -> None
                    help="the cluster's Redis (default: PDSERVE_REDIS_URL)")  # fmt: skip
     p.add_argument("--key-prefix", default=settings.key_prefix)
     p.add_argument("--log-level", default=settings.log_level)
+    p.add_argument("--cluster-secret-file", type=Path, default=settings.cluster_secret_file,
+                   metavar="PATH", help="the cluster secret (mode 0600; default: "
+                   "PDSERVE_CLUSTER_SECRET_FILE, else none: plaintext inside)")  # fmt: skip
 
 
 def add_parsers(sub: Any) -> None:
@@ -49,6 +62,8 @@ def add_parsers(sub: Any) -> None:
     add("--policy", default=None, help="default routing policy")
     add("--router-processes", type=int, default=1, metavar="N")
     _add_redis_arguments(r, settings)
+    add_front_door_arguments(r, settings)
+    add_slo_arguments(r)
     r.set_defaults(run=run_router)
     w = sub.add_parser("worker", help="one worker that registers in the cluster's Redis",
                        description=__doc__ + "\nOther flags go to the worker server "
@@ -57,11 +72,14 @@ def add_parsers(sub: Any) -> None:
     add = w.add_argument
     add("--role", required=True, choices=["prefill", "decode", "colocated"])
     add("--worker-id", default=None, help="default: ROLE-HOSTNAME")
-    add("--host", default="127.0.0.1", help="address to bind and advertise")
+    add("--host", default="127.0.0.1",
+        help="address to bind and advertise; 'auto': the one other hosts reach this one at "
+        "(cluster/host_address.py)")  # fmt: skip
     add("--port", type=int, default=0, help="gRPC port (0: a free one)")
     add("--model", default="smollm2-135m-instruct")
     add("--dtype", default="float32", choices=["float32", "bfloat16"])
     add("--kv-backend", default="nixl", choices=["nixl", "tcp"])
+    add_kv_cache_dtype_argument(w)
     add("--grace-s", type=float, default=30.0, help="how long a drain may take on SIGTERM")
     add("--torch-threads", type=int, default=settings.torch_threads)
     _add_redis_arguments(w, settings)
@@ -79,8 +97,17 @@ def _configure(args: argparse.Namespace) -> str:
     return str(args.redis_url)
 
 
+def _cluster_secret(args: argparse.Namespace) -> ClusterSecret | None:
+    from pdserve.worker.cluster_secret import read_secret_file
+
+    if args.cluster_secret_file is None:
+        return None
+    return read_secret_file(args.cluster_secret_file)
+
+
 def run_worker(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, then drain and stop; 0 once stopped cleanly."""
+    from pdserve.cluster.host_address import this_host_address
     from pdserve.cluster.worker_agent import AgentConfig
     from pdserve.cluster.worker_launch import WorkerLaunch
     from pdserve.worker.host import WorkerHost, WorkerSpec
@@ -93,14 +120,15 @@ def run_worker(args: argparse.Namespace) -> int:
     spec = WorkerSpec(
         role=args.role,
         worker_id=args.worker_id or f"{args.role}-{socket.gethostname()}",
-        host=args.host,
+        host=this_host_address() if args.host == "auto" else args.host,
         port=args.port,
         model=args.model,
         dtype=args.dtype,
         kv_backend=args.kv_backend,
-        extra_args=(*speculation, *tiers, *args.extra),
+        extra_args=("--kv-cache-dtype", args.kv_cache_dtype, *speculation, *tiers, *args.extra),
         torch_threads=args.torch_threads,
         grace_s=args.grace_s,
+        cluster_secret=_cluster_secret(args),
     )
     agent = AgentConfig(args.key_prefix, settings.lease_s, settings.heartbeat_s,
                         settings.publish_interval_s)  # fmt: skip
@@ -129,13 +157,11 @@ def run_router(args: argparse.Namespace) -> int:
 
 
 async def _serve_router(args: argparse.Namespace) -> None:
-    from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
+    from pdserve.cluster.router_start import RedisRouterSpec, redis_routers
     from pdserve.router.config import RouterConfig
-    from pdserve.router.edge.tokenizer import load_router_tokenizer
-    from pdserve.router.processes import RouterProcesses, spawn_routers
 
     spec = RedisRouterSpec(args.redis_url, args.key_prefix, Settings.from_env().lease_s,
-                           args.model)  # fmt: skip
+                           args.model, _cluster_secret(args))  # fmt: skip
     config = RouterConfig(
         host=args.host,
         grpc_port=args.grpc_port,
@@ -143,20 +169,14 @@ async def _serve_router(args: argparse.Namespace) -> None:
         block_size=args.block_size,
         reuse_port=args.router_processes > 1,
         **({"default_policy": args.policy} if args.policy else {}),
+        **front_door_fields(args),
+        **slo_fields(args),
     )
-    tokenizer = await asyncio.to_thread(load_router_tokenizer, args.model)
-    directory, locality = spec.sources(spec.client())
-    service = await start_redis_router(spec, config, tokenizer, directory, locality)
-    routers = RouterProcesses(service, [])
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    try:
-        extra = args.router_processes - 1
-        await spawn_routers(routers, config, partial(router_process, spec), extra)
+    async with redis_routers(spec, config, args.router_processes) as routers:
+        service = routers.service
         log.info("router serving HTTP on %s:%d, gRPC on %s:%d", args.host, service.http_port,
                  args.host, service.grpc_port)  # fmt: skip
         await stop.wait()
-    finally:
-        await routers.stop(grace_s=5.0)
-        directory.stop()

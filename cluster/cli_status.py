@@ -24,6 +24,7 @@ ROLES = ("prefill", "decode", "colocated")
 class WorkerRow:
     worker_id: str
     role: str
+    host: str  # the host it runs on: its address without the port
     address: str
     epoch: int
     waiting: int
@@ -50,7 +51,9 @@ def add_parser(sub: Any) -> None:
         "status",
         help="show the pools, workers and KV index of a running cluster",
         description="Read the registry and locality index from Redis: per pool the target and "
-        "live sizes, per worker role, address, epoch, load and KV usage, and the index size.",
+        "live sizes, per worker role, host, address, epoch, load and KV usage, and the index "
+        "size. With several hosts the targets are the head's own pools; live counts every "
+        "host's workers.",
     )
     p.add_argument("--redis-url", default=None, help="default: PDSERVE_REDIS_URL, else the "
                    "state file of `pdserve up`")  # fmt: skip
@@ -103,12 +106,13 @@ def format_status(status: ClusterStatus) -> str:
         if target or status.live[role]:
             lines.append(f"  {role:<10} {status.live[role]} live / {target} target")
     lines.append(f"workers: {len(status.workers)}")
-    header = ("WORKER", "ROLE", "ADDRESS", "EPOCH", "WAIT", "RUN", "FREE", "KV USED", "INDEXED")
+    header = ("WORKER", "ROLE", "HOST", "ADDRESS", "EPOCH", "WAIT", "RUN", "FREE", "KV USED",
+              "INDEXED")  # fmt: skip
     table = [header]
     for w in status.workers:
         free = "?" if w.free_blocks is None else str(w.free_blocks)
         table.append((
-            w.worker_id, w.role, w.address, str(w.epoch), str(w.waiting), str(w.running),
+            w.worker_id, w.role, w.host, w.address, str(w.epoch), str(w.waiting), str(w.running),
             f"{free}/{w.total_blocks}", f"{100 * w.kv_usage:.1f}%",
             str(w.indexed_blocks),
         ))  # fmt: skip
@@ -138,6 +142,7 @@ def _row(client: redis.Redis, keys: RedisKeys, w: WorkerInfo) -> WorkerRow:
     return WorkerRow(
         worker_id=w.worker_id,
         role=w.role.value,
+        host=w.address.rsplit(":", 1)[0],
         address=w.address,
         epoch=w.epoch,
         waiting=w.load.waiting,

@@ -1,13 +1,16 @@
 """KV-cache locality index in Redis: which workers hold which blocks, and prefix lookups.
 
-Each indexed worker owns a small integer *slot*. Per block hash the index keeps a bitmap
-STRING (bit ``slot`` set <=> that worker holds the block): the set of holders, in a form that
-one MGET can fetch for a whole prompt. Per worker a reverse SET of its block hashes lets all
-of a worker's entries go at once (new epoch, ``cleared``, snapshot, lapsed lease)::
+Each indexed worker owns a small integer *slot*. Per block hash the index keeps a STRING of
+2-bit codes, one per slot (0 = not held, 1 = in the pool, 2 = in host memory, 3 = on disk):
+the holders and where each keeps the block, in a form that one MGET can fetch for a whole
+prompt. Per worker a reverse SET of its block hashes lets all of a worker's entries go at
+once (new epoch, ``cleared``, snapshot, lapsed lease)::
 
-    idx:bits:<h0>  = 1 0 1 1 0 ...     slot 0 (w-a), 2 (w-c) and 3 (w-d) hold block h0
-    idx:bits:<h1>  = 1 0 0 1 0 ...     w-a and w-d also hold h1
-    idx:wblk:w-a   = {h0, h1, ...}
+    slot:           0  1  2  3  4 ...
+    idx:bits:<h0> = 01 00 10 11 00 ...  w-a (slot 0) holds h0 in its pool, w-c in host
+                                        memory, w-d on disk
+    idx:bits:<h1> = 01 00 00 01 00 ...  w-a and w-d hold h1 in their pools
+    idx:wblk:w-a  = {h0, h1, ...}
 
 Every mutation and the lookup are Lua scripts (cluster/locality_scripts.py): a batch of events
 is one atomic EVALSHA, and :meth:`LocalityIndex.longest_prefix` is one EVALSHA for all
@@ -21,7 +24,9 @@ Event rules, per worker (state = epoch, last applied seq, awaiting-snapshot flag
   deltas are ignored (AWAITING_SNAPSHOT) until a ``KvSnapshot`` with a higher seq arrives.
 
 Lookups count a worker only while its lease is live, its registered epoch equals the index's
-epoch for it and no snapshot is awaited: its entries are then complete and current.
+epoch for it and no snapshot is awaited: its entries are then complete and current. A lookup
+answers per worker a :class:`PrefixHit`: the leading blocks held, and how many of those live
+in host memory or on disk.
 """
 
 from __future__ import annotations
@@ -39,15 +44,18 @@ from pdserve.cluster.kv_events import (
     KvRemoved,
     KvSnapshot,
     KvStored,
+    block_tiers,
     validate_event,
 )
 from pdserve.cluster.locality_scripts import APPLY_SCRIPT, LONGEST_PREFIX_SCRIPT, SWEEP_SCRIPT
+from pdserve.engine.kv_cache.tiers import KVTier
 from pdserve.proto.redis_keys import (
     RedisKeys,
     check_worker_id,
     pack_block_hashes,
     unpack_block_hash,
 )
+from pdserve.router.policies.types import PrefixHit
 
 
 class ApplyStatus(IntEnum):
@@ -76,9 +84,10 @@ def encode_events(batch: Sequence[KvEvent]) -> list[str | bytes]:
     for event in batch:
         validate_event(event)
         hashes = () if isinstance(event, KvCleared) else event.block_hashes
+        codes = bytes(block_tiers(event)) if isinstance(event, KvStored | KvSnapshot) else b""
         kind = _KIND_CODES[type(event)]
         args += [event.worker_id, str(event.epoch), str(event.seq), kind]
-        args.append(pack_block_hashes(hashes))
+        args += [pack_block_hashes(hashes), codes]
     return args
 
 
@@ -140,17 +149,18 @@ class LocalityIndex:
 
     def longest_prefix(
         self, block_hashes: Sequence[int | bytes], worker_ids: Sequence[str]
-    ) -> dict[str, int]:
-        """Leading blocks of ``block_hashes`` that each candidate holds, in one round trip.
+    ) -> dict[str, PrefixHit]:
+        """Leading blocks of ``block_hashes`` that each candidate holds, and in which tiers,
+        in one round trip.
 
         Workers without a live lease, or whose entries are not current (new epoch not yet
-        published, snapshot awaited), count 0.
+        published, snapshot awaited), hold nothing.
         """
         return self.longest_prefix_many([(block_hashes, worker_ids)])[0]
 
     def longest_prefix_many(
         self, queries: Sequence[tuple[Sequence[int | bytes], Sequence[str]]]
-    ) -> list[dict[str, int]]:
+    ) -> list[dict[str, PrefixHit]]:
         """``longest_prefix`` of each (block hashes, worker ids) query, all in one round trip
         (one pipeline); the router batches concurrent requests' lookups this way."""
         prepared = []
@@ -165,8 +175,10 @@ class LocalityIndex:
             replies = iter(self._run_lookups(lookups))
         answers = []
         for ids, packed in prepared:
-            counts = next(replies) if ids and packed else [0] * len(ids)
-            answers.append({w: int(c) for w, c in zip(ids, counts, strict=True)})
+            counts = next(replies) if ids and packed else [0] * (3 * len(ids))
+            answers.append(
+                {w: PrefixHit(*map(int, counts[3 * i : 3 * i + 3])) for i, w in enumerate(ids)}
+            )
         return answers
 
     def _run_lookups(self, lookups: Sequence[tuple[list[str], bytes]]) -> list[list[int]]:
@@ -199,15 +211,17 @@ class LocalityIndex:
         members = self._client.smembers(self._keys.worker_blocks(check_worker_id(worker_id)))
         return {unpack_block_hash(_as_bytes(m)) for m in members}
 
-    def holders(self, block_hash: int | bytes) -> set[str]:
-        """Ids indexed as holding ``block_hash``, live or not: for tests and debugging."""
-        bitmap = _as_bytes(self._client.get(self._keys.block_bits(block_hash)) or b"")
+    def holders(self, block_hash: int | bytes) -> dict[str, KVTier]:
+        """Ids indexed as holding ``block_hash``, live or not, with the tier each keeps it
+        in: for tests and debugging."""
+        codes = _as_bytes(self._client.get(self._keys.block_bits(block_hash)) or b"")
         slots = self._client.hgetall(self._keys.index_slots)
-        held = set()
+        held = {}
         for slot, worker_id in slots.items():
-            byte, bit = divmod(int(slot), 8)
-            if byte < len(bitmap) and bitmap[byte] & (0x80 >> bit):
-                held.add(_as_str(worker_id))
+            byte, pair = divmod(int(slot), 4)  # four 2-bit codes per byte, first one highest
+            code = (codes[byte] >> (6 - 2 * pair)) & 3 if byte < len(codes) else 0
+            if code:
+                held[_as_str(worker_id)] = KVTier(code)
         return held
 
     def _adopt_run_id(self) -> str:

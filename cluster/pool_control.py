@@ -32,7 +32,7 @@ class PoolTargetStore:
         if role not in sizes:
             raise ValueError(f"role must be one of {list(_ROLES)}, got {role!r}")
         sizes[role] = count
-        targets = PoolTargets(**sizes)
+        targets = PoolTargets(**sizes).check_serves()
         self.write(targets)
         return targets
 

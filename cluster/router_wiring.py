@@ -24,6 +24,7 @@ import redis
 from pdserve.cluster import registry as reg
 from pdserve.cluster.locality_index import LocalityIndex
 from pdserve.proto.workers import WorkerInfo
+from pdserve.router.policies.types import PrefixHit
 
 log = logging.getLogger("pdserve.router_wiring")
 
@@ -130,12 +131,12 @@ class RedisLocality:
 
     def longest_prefix(
         self, block_hashes: Sequence[int | bytes], worker_ids: Sequence[str]
-    ) -> dict[str, int]:
+    ) -> dict[str, PrefixHit]:
         return self.longest_prefix_many([(block_hashes, worker_ids)])[0]
 
     def longest_prefix_many(
         self, queries: Sequence[tuple[Sequence[int | bytes], Sequence[str]]]
-    ) -> list[dict[str, int]]:
+    ) -> list[dict[str, PrefixHit]]:
         """One answer per query, in one round trip; all empty while Redis is down."""
         now = time.monotonic()
         if now < self._down_until_s:

@@ -8,6 +8,8 @@ dataclasses. Ray actors and worker processes get those dataclasses, never the en
 |---|---|---|---|
 | ``PDSERVE_REDIS_URL`` | str | (embedded) | external Redis; unset = start redis-server |
 | ``PDSERVE_RAY_ADDRESS`` | str | (local) | join this Ray cluster; unset = start one |
+| ``PDSERVE_ADVERTISE_ADDRESS`` | str | (chosen) | this host's address for other hosts |
+| ``PDSERVE_JOIN_TOKEN`` | str | (none) | `pdserve join --token` (kept out of ``ps``) |
 | ``PDSERVE_KEY_PREFIX`` | str | ``pdserve:`` | prefix of every Redis key |
 | ``PDSERVE_LEASE_S`` | float | 5 | worker registration lease |
 | ``PDSERVE_HEARTBEAT_S`` | float | 1 | worker heartbeat period (< lease) |
@@ -20,8 +22,13 @@ dataclasses. Ray actors and worker processes get those dataclasses, never the en
 | ``PDSERVE_TORCH_THREADS`` | int | 1 | torch threads per worker (0: torch's default) |
 | ``PDSERVE_CPU_AFFINITY`` | str | (none) | pin workers: ``prefill=0;decode=1;colocated=0,1`` |
 | ``PDSERVE_LOG_LEVEL`` | str | ``INFO`` | log level of pdserve's processes |
+| ``PDSERVE_CLUSTER_SECRET_FILE`` | path | (new per `up`) | the cluster secret (mode 0600) |
+| ``PDSERVE_API_KEYS_FILE`` | path | (none) | router API keys, one per line |
+| ``PDSERVE_TLS_CERT`` | path | (none) | router TLS certificate (PEM), HTTP and gRPC |
+| ``PDSERVE_TLS_KEY`` | path | (none) | its private key (PEM) |
 
-Ray reads its own variables (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``...); see cluster/ray_pools.py.
+Files, not values: a secret in a variable or a flag would show in ``ps`` and ``/proc``.
+Ray reads its own variables (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``...); see cluster/secret.py.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from pdserve.cluster.cpu_affinity import CpuAffinity, parse_cpu_affinity
@@ -41,6 +49,8 @@ PREFIX = "PDSERVE_"
 class Settings:
     redis_url: str | None = None
     ray_address: str | None = None
+    advertise_address: str | None = None
+    join_token: str | None = None
     key_prefix: str = "pdserve:"
     lease_s: float = 5.0
     heartbeat_s: float = 1.0
@@ -53,6 +63,10 @@ class Settings:
     torch_threads: int = 1
     log_level: str = "INFO"
     cpu_affinity: CpuAffinity = ()  # per pool; worker slot i -> cores[i % len]
+    cluster_secret_file: Path | None = None
+    api_keys_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_s < self.lease_s:
@@ -85,6 +99,8 @@ class Settings:
         return cls(
             redis_url=_get(env, "REDIS_URL", str, d.redis_url),
             ray_address=_get(env, "RAY_ADDRESS", str, d.ray_address),
+            advertise_address=_get(env, "ADVERTISE_ADDRESS", str, d.advertise_address),
+            join_token=_get(env, "JOIN_TOKEN", str, d.join_token),
             key_prefix=_get(env, "KEY_PREFIX", str, d.key_prefix),
             lease_s=_get(env, "LEASE_S", float, d.lease_s),
             heartbeat_s=_get(env, "HEARTBEAT_S", float, d.heartbeat_s),
@@ -97,6 +113,10 @@ class Settings:
             torch_threads=_get(env, "TORCH_THREADS", int, d.torch_threads),
             log_level=_get(env, "LOG_LEVEL", str, d.log_level).upper(),
             cpu_affinity=_get(env, "CPU_AFFINITY", parse_cpu_affinity, d.cpu_affinity),
+            cluster_secret_file=_get(env, "CLUSTER_SECRET_FILE", Path, d.cluster_secret_file),
+            api_keys_file=_get(env, "API_KEYS_FILE", Path, d.api_keys_file),
+            tls_cert=_get(env, "TLS_CERT", Path, d.tls_cert),
+            tls_key=_get(env, "TLS_KEY", Path, d.tls_key),
         )
 
 

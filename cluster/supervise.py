@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 
@@ -24,10 +24,12 @@ log = logging.getLogger("pdserve.up")
 
 
 class SupervisedRedis:
-    """The embedded redis-server; restarted on the same port if it dies."""
+    """The embedded redis-server; restarted on the same port (and password) if it dies."""
 
-    def __init__(self) -> None:
-        self.server = RedisServer(RedisServerConfig()).start()
+    def __init__(self, password: str | None = None, host: str = "127.0.0.1") -> None:
+        # a head binds its host's address: other hosts' workers use it
+        self._config = RedisServerConfig(host=host, password=password)
+        self.server = RedisServer(self._config).start()
         self.url = self.server.url
 
     def ensure_running(self) -> None:
@@ -35,7 +37,7 @@ class SupervisedRedis:
         if not self.server.is_running:
             log.warning("embedded redis-server died; restarting it on port %d", self.server.port)
             self.server.stop()
-            self.server = RedisServer(RedisServerConfig(port=self.server.port)).start()
+            self.server = RedisServer(replace(self._config, port=self.server.port)).start()
 
     def stop(self) -> None:
         self.server.stop()
@@ -43,8 +45,11 @@ class SupervisedRedis:
 
 
 @contextlib.contextmanager
-def embedded_redis() -> Iterator[SupervisedRedis]:
-    redis_sup = SupervisedRedis()
+def embedded_redis(
+    password: str | None = None, host: str = "127.0.0.1"
+) -> Iterator[SupervisedRedis]:
+    """A supervised redis-server on ``host``; with ``password`` it requires it."""
+    redis_sup = SupervisedRedis(password, host)
     try:
         yield redis_sup
     finally:

@@ -2,15 +2,19 @@
 
 One background thread per worker process does, every ``publish_interval_s``::
 
-    heartbeat due?  -> heartbeat(load)   OK | LEASE_LOST -> register + snapshot | SUPERSEDED
-    snapshot owed?  -> snapshot_fn()  -> KvSnapshot (replaces the worker's index entries)
+    heartbeat due?  -> heartbeat(load)   OK | LEASE_LOST -> new epoch, register + snapshot
+                                         | SUPERSEDED
+    snapshot owed?  -> snapshot_fn()  -> KvSnapshot (replaces the worker's index entries;
+                                         each block with its tier: pool, host, disk)
     else            -> drain_fn()     -> KvStored / KvRemoved / KvCleared, numbered by epoch+seq
 
 The thread never calls into the engine itself: the three callbacks do (see
 :func:`pdserve.worker.engine_callbacks.engine_callbacks` for an ``AsyncEngine``), and they must be
 callable from this thread. While Redis is unreachable the agent logs once, drops the drained events
-and owes a snapshot; when Redis answers again the heartbeat says LEASE_LOST (restarted) or OK, and
-the snapshot brings the index back in line either way.
+and owes a snapshot; when Redis answers again the heartbeat says LEASE_LOST (restarted, or the
+lease lapsed while this host was cut off) or OK, and the snapshot brings the index back in line
+either way. After LEASE_LOST the worker registers as a new incarnation (a new epoch): the router
+and the index forgot it, and events numbered under the old epoch are refused from then on.
 
 Usage from a worker process (after the model is loaded and warm, so the registry only lists
 workers that can serve)::
@@ -66,7 +70,7 @@ def to_index_events(sequencer: KvEventSequencer, events: Sequence[KVCacheEvent])
     out: list[KvEvent] = []
     for event in events:
         if isinstance(event, BlocksStored):
-            out.append(sequencer.stored(event.block_hashes))
+            out.append(sequencer.stored(event.block_hashes, event.tier))
         elif isinstance(event, BlocksRemoved):
             out.append(sequencer.removed(event.block_hashes))
         elif isinstance(event, CacheCleared):
@@ -180,10 +184,16 @@ class WorkerAgent:
         if reply.status is HeartbeatStatus.SUPERSEDED:
             self._superseded()
         elif reply.status is HeartbeatStatus.LEASE_LOST:
-            log.warning("worker %s lost its lease; registering again", self.worker_id)
+            self._new_epoch()
+            log.warning("worker %s lost its lease; registering again, epoch %d",
+                        self.worker_id, self.epoch)  # fmt: skip
             self._register()
         elif reply.snapshot_wanted:
             self._snapshot_owed = True
+
+    def _new_epoch(self) -> None:
+        self.epoch = self._registry.allocate_epoch()
+        self._sequencer = KvEventSequencer(self.worker_id, self.epoch)
 
     def _register(self) -> None:
         if not self._registry.register(replace(self.info, epoch=self.epoch, load=self._load)):
@@ -191,7 +201,8 @@ class WorkerAgent:
         self._snapshot_owed = True
 
     def _publish_snapshot(self) -> None:
-        event = self._sequencer.snapshot(self._snapshot_fn())
+        cached = self._snapshot_fn()
+        event = self._sequencer.snapshot(cached.block_hashes, cached.tiers)
         self._snapshot_owed = False
         self._check(self._index.apply([event]).statuses, snapshot=True)
 

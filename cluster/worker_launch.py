@@ -18,7 +18,7 @@ class WorkerLaunch:
     """Everything needed to run one worker (picklable: Ray ships it to the actor)."""
 
     worker: WorkerSpec
-    redis_url: str
+    redis_url: str = field(repr=False)  # carries the Redis password
     agent: AgentConfig = field(default_factory=AgentConfig)
     log_level: str = "INFO"
     cpu_affinity: CpuAffinity = ()  # per pool (cluster/cpu_affinity.py); () = not pinned

@@ -134,10 +134,13 @@ class AsyncEngine:
         return await self.run(lambda e: e.release(request_id))
 
     async def reserve_import(
-        self, request_id: str, prompt_token_ids: Sequence[int]
+        self, request_id: str, prompt_token_ids: Sequence[int], record_hits: bool = True
     ) -> ImportReservation | None:
         prompt = list(prompt_token_ids)
-        return await self.run(lambda e: e.reserve_import(request_id, prompt))
+        return await self.run(lambda e: e.reserve_import(request_id, prompt, record_hits))
+
+    async def commit_import(self, request_id: str) -> None:
+        await self.run(lambda e: e.commit_import(request_id))
 
     async def cancel_import(self, request_id: str) -> None:
         await self.run(lambda e: e.cancel_import(request_id))

@@ -10,26 +10,42 @@ from pdserve.engine.speculative.config import SpeculativeConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DTYPES = ("float32", "bfloat16")
+TIER_CODECS = ("exact", "int8")
+# What the KV pool holds: "auto" = the model's dtype, "int8" = int8 rows with a scale each
+# (engine/attention/kv_format.py): about twice the tokens in the same memory as bf16.
+KV_CACHE_DTYPES = ("auto", "int8")
 
 
 @dataclass(slots=True, frozen=True)
 class CacheConfig:
     """The paged KV pool. Its size is fixed at start: ``num_blocks`` if given, else the budget.
 
-    Tiers under the pool (prefix caching on): cached blocks the pool evicts are kept as int8
-    in host memory (``host_tier_bytes``, 0 = off), and what that pushes out goes to files
-    under ``disk_tier_path`` (None = off) within ``disk_tier_bytes``.
+    ``kv_cache_dtype``: what the pool holds, one of ``KV_CACHE_DTYPES``.
+
+    Tiers under the pool (prefix caching on): cached blocks the pool evicts are kept in host
+    memory (``host_tier_bytes``, 0 = off), and what that pushes out goes to files under
+    ``disk_tier_path`` (None = off) within ``disk_tier_bytes``; ``tier_codec`` is how both
+    keep a block: ``exact`` (its bytes) or ``int8`` (about half a bf16 block, not
+    bit-exact; ``engine/tiers/codec.py``).
     """
 
     block_size: int = 16
     num_blocks: int | None = None
     memory_budget_bytes: int = 2 * 1024**3
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     host_tier_bytes: int = 0
     disk_tier_path: str | None = None
     disk_tier_bytes: int = 16 * 1024**3
+    tier_codec: str = "exact"
 
     def __post_init__(self) -> None:
+        if self.tier_codec not in TIER_CODECS:
+            raise ValueError(f"tier_codec must be one of {TIER_CODECS}, got {self.tier_codec!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
+            )
         if self.host_tier_bytes < 0 or self.disk_tier_bytes < 0:
             raise ValueError(
                 f"tier sizes must be >= 0, got host_tier_bytes={self.host_tier_bytes}, "

@@ -101,6 +101,7 @@ class LLMEngine:
             self._new_sequence(request_id, i, prompt_token_ids, params) for i in range(params.n)
         ]
         self._request_seqs[request_id] = [s.seq_id for s in seqs]
+        self.kv.prefetch(prompt_token_ids)
         if len(seqs) == 1:
             self.scheduler.add(seqs[0])
         else:
@@ -134,6 +135,7 @@ class LLMEngine:
         self._prefill_only[request_id] = params.max_tokens
         seq.params = dataclasses.replace(params, max_tokens=1)
         self._request_seqs[request_id] = [seq.seq_id]
+        self.kv.prefetch(prompt_token_ids)
         self.scheduler.add(seq)
 
     def block_table(self, request_id: str) -> tuple[int, ...]:
@@ -146,17 +148,26 @@ class LLMEngine:
 
     # -- disaggregation: decode role -----------------------------------------------------
     def reserve_import(
-        self, request_id: str, prompt_token_ids: list[int]
+        self, request_id: str, prompt_token_ids: list[int], record_hits: bool = True
     ) -> ImportReservation | None:
-        """Reserve blocks for a prompt whose KV another worker computes (None: no room)."""
+        """Reserve blocks for a prompt whose KV another worker computes (None: no room).
+        Leading blocks cached here, in the pool or a tier (loaded now), are not received.
+        ``record_hits``: see ``KVCacheManager.reserve_for_import``."""
         if request_id in self._request_seqs or request_id in self.kv:
             raise ValueError(f"request_id {request_id!r} is already known; use a new id")
-        reservation = self.kv.reserve_for_import(request_id, prompt_token_ids)
+        reservation = self.kv.reserve_for_import(request_id, prompt_token_ids, record_hits)
         self._sync_tiers()  # save what the reservation evicted before the KV lands there
         return reservation
 
+    def commit_import(self, request_id: str) -> None:
+        """The KV received into a reservation has landed: cache its full blocks, so a
+        prefill of the same prefix finds them (a peer fetch). The blocks stay reserved until
+        :meth:`cancel_import`."""
+        self.kv.commit_import(request_id)
+
     def cancel_import(self, request_id: str) -> None:
-        """The transfer failed or the caller went away: give the reserved blocks back."""
+        """The transfer failed, the caller went away, or a fetched prefix is in use by its
+        prefill: give the reserved blocks back (cached ones stay cached)."""
         if request_id in self.kv and self.scheduler.get(request_id) is None:
             self.kv.free(request_id)
 
@@ -219,10 +230,12 @@ class LLMEngine:
         return self.tiers.stats() if self.tiers is not None else TierStats()
 
     def _sync_tiers(self) -> None:
-        """Before the pool is written: save the blocks it evicted, load the tier hits."""
+        """Before the pool is written: save the blocks it evicted, load the tier hits; then
+        say in the KV events where the blocks that moved went."""
         if self.tiers is not None:
             pool = self.runner.kv_cache
             self.tiers.sync(pool, self.kv.take_evictions(), self.kv.take_block_loads())
+            self.kv.publish_tier_moves()
 
     def _sample(self, plan: BatchPlan, logits: torch.Tensor) -> dict[str, _Sampled]:
         """Sample every plain chunk in one call; verify each verify chunk's tree (and move
@@ -273,6 +286,11 @@ class LLMEngine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}")
+        if params.prior_output_tokens >= len(prompt):
+            raise ValueError(
+                f"prior_output_tokens ({params.prior_output_tokens}) must be fewer than the "
+                f"prompt's {len(prompt)} tokens"
+            )
         total = len(prompt) + params.max_tokens
         if len(prompt) >= self.max_model_len or total > self.max_model_len:
             raise ValueError(
@@ -310,7 +328,11 @@ class LLMEngine:
     def _sample_request(self, seq_id: str) -> SampleRequest:
         seq = self._seqs[seq_id]
         out = self._out[seq_id]
-        return SampleRequest(seq.params, seq.prompt_token_ids, seq.output_token_ids, out.index)
+        prompt, output = seq.prompt_token_ids, seq.output_token_ids
+        prior = seq.params.prior_output_tokens
+        if prior:  # an earlier attempt's output, replayed as prompt: output to the sampler
+            prompt, output = prompt[:-prior], [*prompt[-prior:], *output]
+        return SampleRequest(seq.params, prompt, output, out.index)
 
     def _emit(self, update: SequenceUpdate, results: tuple[SampleResult, ...]) -> StepOutput | None:
         out = self._out.get(update.seq_id)

@@ -5,10 +5,11 @@ scheduled chunk, then logits for the last position of each chunk with ``sample=T
 
 KV pool layout (project-wide contract, see ``engine/attention/base.py``)::
 
-    kv_cache: [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]
+    kv_cache: [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, row]
 
 Block-major, so one block's KV for all layers is one contiguous byte range (one NIXL
-descriptor per block).
+descriptor per block). A row is ``head_dim`` values in the model's dtype, or in an int8 pool
+``head_dim`` int8 values and their scale (``engine/attention/kv_format.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from __future__ import annotations
 import torch
 
 from pdserve.engine.attention import AttentionBackend, get_backend, layout_chunks, token_positions
+from pdserve.engine.attention.kv_format import kv_format_for, kv_format_of
 from pdserve.engine.host_memory import advise_huge_pages, keep_freed_memory
+from pdserve.engine.kv_cache import kv_block_bytes
 from pdserve.engine.model.config import ModelConfig
 from pdserve.engine.model.llama import LlamaModel
 from pdserve.engine.model.packed_linear import can_pack
@@ -24,15 +27,25 @@ from pdserve.engine.scheduler.plan import BatchPlan
 
 
 def kv_cache_shape(
-    config: ModelConfig, num_blocks: int, block_size: int
+    config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32
 ) -> tuple[int, int, int, int, int, int]:
-    return (num_blocks, config.num_layers, 2, block_size, config.num_kv_heads, config.head_dim)
+    """The shape of a pool of ``dtype`` (int8: rows of int8 values and their scale)."""
+    row = kv_format_for(dtype).row_elems(config.head_dim)
+    return (num_blocks, config.num_layers, 2, block_size, config.num_kv_heads, row)
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block (all layers, K and V): the unit of allocation and of transfer."""
-    elements = config.num_layers * 2 * block_size * config.num_kv_heads * config.head_dim
-    return elements * dtype.itemsize
+    """Bytes of one block (all layers, K and V) of a pool of ``dtype``: the unit of
+    allocation and of transfer."""
+    kv_format = kv_format_for(dtype)
+    return kv_block_bytes(
+        config.num_layers,
+        block_size,
+        config.num_kv_heads,
+        config.head_dim,
+        kv_format.pool_dtype.itemsize,
+        kv_format.scale_bytes,
+    )
 
 
 def allocate_kv_cache(
@@ -42,11 +55,13 @@ def allocate_kv_cache(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """A zeroed pool of ``num_blocks`` blocks (zeros keep padded reads finite), on huge pages
-    where the OS grants them (see ``engine/host_memory.py``)."""
+    """A zeroed pool of ``num_blocks`` blocks of ``dtype`` (int8: int8 rows with a scale
+    each; zeros keep padded reads finite), on huge pages where the OS grants them (see
+    ``engine/host_memory.py``)."""
     if num_blocks < 1 or block_size < 1:
         raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
-    pool = torch.empty(kv_cache_shape(config, num_blocks, block_size), dtype=dtype, device=device)
+    shape = kv_cache_shape(config, num_blocks, block_size, dtype)
+    pool = torch.empty(shape, dtype=dtype, device=device)
     advise_huge_pages(pool)  # before the first write: pages faulted in small stay small
     return pool.zero_()
 
@@ -63,17 +78,18 @@ class ModelRunner:
         device: torch.device | str = "cpu",
         attention_backend: AttentionBackend | None = None,
     ) -> None:
-        expected = kv_cache_shape(model_config, kv_cache.shape[0], block_size)
+        model_dtype = model.embed_tokens.weight.dtype
+        if kv_cache.dtype not in (model_dtype, torch.int8):
+            raise ValueError(
+                f"kv_cache dtype {kv_cache.dtype} is neither the model's {model_dtype} nor "
+                "int8; allocate the pool with allocate_kv_cache"
+            )
+        self.kv_format = kv_format_of(kv_cache)
+        expected = kv_cache_shape(model_config, kv_cache.shape[0], block_size, kv_cache.dtype)
         if tuple(kv_cache.shape) != expected:
             raise ValueError(
-                f"kv_cache shape {tuple(kv_cache.shape)} does not match the model and "
-                f"block_size {block_size}: expected {expected}"
-            )
-        model_dtype = model.embed_tokens.weight.dtype
-        if kv_cache.dtype != model_dtype:
-            raise ValueError(
-                f"kv_cache dtype {kv_cache.dtype} differs from the model's {model_dtype}; "
-                "allocate the pool in the model dtype"
+                f"kv_cache shape {tuple(kv_cache.shape)} does not match the model, block_size "
+                f"{block_size} and the {self.kv_format.name} format: expected {expected}"
             )
         self.config = model_config
         self.model = model
@@ -118,8 +134,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def move_slots(self, moves: list[tuple[int, int]]) -> None:
-        """Copy single token slots ``src -> dst`` (every layer, K and V), in order: an accepted
-        speculative token's K/V moves from its tree slot to its position's slot."""
+        """Copy single token slots ``src -> dst`` (every layer, K and V, whole rows: an int8
+        pool's scales with them), in order: an accepted speculative token's K/V moves from
+        its tree slot to its position's slot."""
         if not moves:
             return
         bs = self.block_size

@@ -32,6 +32,10 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to return with each token
     n: int = 1
     speculative: bool = True  # False: never speculate for this request (output is the same)
+    # The last N prompt tokens are output an earlier attempt of this request generated (the
+    # router's failover replays them as prompt): seeded draws and presence/frequency
+    # penalties count them as output, so the continuation is the uninterrupted run's.
+    prior_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -63,6 +67,10 @@ class SamplingParams:
             f"logprobs must be in [0, 20], got {self.logprobs}",
         )
         _check(1 <= self.n <= 16, f"n must be in [1, 16], got {self.n}")
+        _check(
+            self.prior_output_tokens >= 0,
+            f"prior_output_tokens must be >= 0, got {self.prior_output_tokens}",
+        )
         _check(all(s for s in self.stop), "stop strings must be non-empty")
         _check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be >= 0")
 

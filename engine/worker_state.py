@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.engine.attention import get_backend
+from pdserve.engine.attention.kv_format import resolve_kv_format
 from pdserve.engine.config import EngineConfig
 from pdserve.engine.kv_cache import KVCacheManager, make_extra_keys, num_blocks_for_budget
 from pdserve.engine.model.config import ModelConfig
@@ -63,14 +64,14 @@ def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) 
         loaded = load(config.model, config.dtype)
     assert loaded.dtype == config.dtype, f"weights are {loaded.dtype}, config wants {config.dtype}"
     source, model, tokenizer = loaded.source, loaded.model, loaded.tokenizer
-    dtype = TORCH_DTYPES[config.dtype]
+    kv_format = resolve_kv_format(config.cache.kv_cache_dtype, TORCH_DTYPES[config.dtype])
     model_config = model.config
     block_size = config.cache.block_size
-    block_bytes = bytes_per_block(model_config, block_size, dtype)
+    block_bytes = bytes_per_block(model_config, block_size, kv_format.pool_dtype)
     num_blocks = config.cache.num_blocks or num_blocks_for_budget(
         config.cache.memory_budget_bytes, block_bytes
     )
-    kv_cache = allocate_kv_cache(model_config, num_blocks, block_size, dtype)
+    kv_cache = allocate_kv_cache(model_config, num_blocks, block_size, kv_format.pool_dtype)
     tiers = None
     if config.cache.enable_prefix_caching:
         tiers = build_tiers(config.cache, kv_cache, source.model_id)
@@ -85,11 +86,12 @@ def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) 
     runner = ModelRunner(model_config, model, kv_cache, block_size, attention_backend=backend)
     max_model_len = min(model_config.max_context_tokens, config.max_model_len or 1 << 62)
     log.info(
-        "loaded %s (%s, %d layers) in %.1fs; KV pool %d blocks x %d tokens = %.2f GiB",
+        "loaded %s (%s, %d layers) in %.1fs; KV pool (%s) %d blocks x %d tokens = %.2f GiB",
         source.model_id,
         config.dtype,
         model_config.num_layers,
         time.perf_counter() - started,
+        kv_format.name,
         num_blocks,
         block_size,
         num_blocks * block_bytes / 2**30,

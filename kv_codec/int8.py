@@ -15,7 +15,7 @@ element is off by at most ``scale / 2 <= (absmax / 254) * (1 + 2**-7)`` of its g
 the rounding of the destination pool's dtype. An all-zero group has scale 0 and stays 0.
 
 KV transfer (``kv_transfer/quant.py``) lays these out as wire records; the engine's host and
-disk tiers (``engine/tiers/``) keep evicted blocks in this form.
+disk tiers (``engine/tiers/``) keep evicted blocks in this form when their codec is ``int8``.
 """
 
 from __future__ import annotations
@@ -51,25 +51,26 @@ def quantize_into(blocks: torch.Tensor, values: torch.Tensor) -> tuple[torch.Ten
     """Write int8 ``values`` (same shape as ``blocks``, may be a view into wire records);
     return the bf16 ``(k_scales [n, L, H, D], v_scales [n, L, bs, H])``."""
     x = blocks.to(torch.float32)
-    k_scales = _group_scales(x[:, :, 0], _TOKEN_DIM)
-    v_scales = _group_scales(x[:, :, 1], _CHANNEL_DIM)
-    values[:, :, 0] = _rounded(x[:, :, 0], k_scales, _TOKEN_DIM)  # float -> int8, exact
-    values[:, :, 1] = _rounded(x[:, :, 1], v_scales, _CHANNEL_DIM)
+    k_scales = group_scales(x[:, :, 0], _TOKEN_DIM)
+    v_scales = group_scales(x[:, :, 1], _CHANNEL_DIM)
+    values[:, :, 0] = scaled_round(x[:, :, 0], k_scales, _TOKEN_DIM)  # float -> int8, exact
+    values[:, :, 1] = scaled_round(x[:, :, 1], v_scales, _CHANNEL_DIM)
     return k_scales, v_scales
 
 
-def _group_scales(half: torch.Tensor, dim: int) -> torch.Tensor:
+def group_scales(half: torch.Tensor, dim: int) -> torch.Tensor:
     """bf16 ``absmax / 127`` over ``dim`` of ``half``, rounded up (see the module doc)."""
     # max(|max|, |min|) reads the data twice but allocates no |x| copy: this is memory-bound.
     absmax = torch.maximum(half.amax(dim=dim), half.amin(dim=dim).neg_())
-    exact = absmax / _QMAX
+    # + 0.0 turns the -0.0 of an all-zero group (-min) into +0.0: the scale is 0, not -0.
+    exact = absmax / _QMAX + 0.0
     nearest = exact.to(SCALE_DTYPE)
     # For a positive finite bf16, bits + 1 is the next larger bf16.
     up = (nearest.view(torch.int16) + 1).view(SCALE_DTYPE)
     return torch.where(nearest.to(torch.float32) < exact, up, nearest)
 
 
-def _rounded(half: torch.Tensor, scales: torch.Tensor, dim: int) -> torch.Tensor:
+def scaled_round(half: torch.Tensor, scales: torch.Tensor, dim: int) -> torch.Tensor:
     """``round(half / scale)`` clamped to +-127, as float32 (scales broadcast over ``dim``)."""
     wide = scales.to(torch.float32).unsqueeze(dim)
     # A zero scale means an all-zero group: divide by 1 there so it stays exactly 0.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+MIN_AUTH_KEY_BYTES = 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -31,6 +33,9 @@ class TransferConfig:
     ``io_timeout_s`` bounds one stalled socket operation (TCP), so a silent peer fails the
     transfer long before the overall deadline. ``int8`` on a sender quantizes blocks for
     the wire; on a NIXL receiver it allocates the staging area int8 transfers land in.
+    ``auth_key`` (derived from the cluster secret; hidden from ``repr``): TCP connections
+    must pass the handshake of ``handshake.py`` before a byte of KV moves; None: no
+    authentication (a single host, or tests).
     """
 
     timeout_s: float = 30.0
@@ -49,8 +54,13 @@ class TransferConfig:
     # so a flood of connections (or of silent ones) cannot pile up threads.
     max_receive_connections: int = 256
     fault: FaultInjection | None = None
+    auth_key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.auth_key is not None and len(self.auth_key) < MIN_AUTH_KEY_BYTES:
+            raise ValueError(
+                f"auth_key must be at least {MIN_AUTH_KEY_BYTES} bytes, got {len(self.auth_key)}"
+            )
         if self.timeout_s <= 0 or self.io_timeout_s <= 0:
             raise ValueError(
                 f"timeout_s and io_timeout_s must be > 0, got {self.timeout_s}, {self.io_timeout_s}"

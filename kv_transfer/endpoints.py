@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from pdserve.kv_transfer import quant
 from pdserve.kv_transfer.config import TransferConfig
 from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.convert import converts
 from pdserve.kv_transfer.expectations import ExpectationTable
 from pdserve.kv_transfer.layout import KVPoolLayout, check_block_ids
 from pdserve.kv_transfer.metadata import PeerInfo, check_peer, decode_peer
@@ -149,9 +149,14 @@ class SenderBase:
         layout = self._require_layout()
         dst = check_block_ids(dst_block_ids, _ANY_BLOCK, "destination blocks")
         info = decode_peer(peer, self.backend_name)
-        check_peer(layout, info, dst, self.config.int8)
+        # Records in the receiver's pool format: ours, or converted to its (convert.py);
+        # int8 records only between float pools.
+        converted = converts(layout, info.layout)
+        int8 = self.config.int8 and not converted and layout.dtype != torch.int8
+        check_peer(layout, info, dst, int8)
         self._check_fields(info)
-        header = TransferHeader.for_layout(layout, transfer_id, dst, self.config.int8)
+        wire = info.layout if converted else layout
+        header = TransferHeader.for_layout(wire, transfer_id, dst, int8)
         header.encode()  # raises ValueError now on a transfer id the wire cannot carry
         return info, header
 
@@ -170,7 +175,7 @@ class SenderBase:
             self._finish_failed(handle, f"{type(exc).__name__}: {exc}")
             return
         layout = self._require_layout()
-        saved = quant.bytes_saved(layout, header.num_blocks) if header.int8 else 0
+        saved = max(0, header.num_blocks * layout.block_bytes - header.payload_bytes())
         if handle.succeed(header.payload_bytes()):
             self._counters.record_ok(
                 sent=header.payload_bytes(), seconds=handle.seconds, saved=saved

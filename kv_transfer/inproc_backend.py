@@ -15,6 +15,7 @@ import torch
 from pdserve.kv_transfer import quant
 from pdserve.kv_transfer.config import TransferConfig
 from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.convert import convert_blocks
 from pdserve.kv_transfer.endpoints import ReceiverBase, SenderBase
 from pdserve.kv_transfer.metadata import PeerInfo, encode_peer
 from pdserve.kv_transfer.wire import TransferHeader, validate_header
@@ -44,7 +45,10 @@ class InprocSender(SenderBase):
         deadline_s: float,
     ) -> None:
         handle.start()
-        target.accept(header, self.pool, src)
+        blocks = self.pool.index_select(0, torch.tensor(src, dtype=torch.long))
+        if not header.int8 and header.dtype != self.pool.dtype:
+            blocks = convert_blocks(blocks, header.layout(len(src)))  # the receiver's format
+        target.accept(header, blocks)
 
 
 class InprocReceiver(ReceiverBase):
@@ -58,8 +62,9 @@ class InprocReceiver(ReceiverBase):
     def connection_metadata(self) -> bytes:
         return encode_peer(PeerInfo(self.backend_name, self.layout, True, {"key": self._key}))
 
-    def accept(self, header: TransferHeader, src_pool: torch.Tensor, src: tuple[int, ...]) -> None:
-        """Copy ``src_pool[src]`` into the expected destination blocks; raise on mismatch."""
+    def accept(self, header: TransferHeader, blocks: torch.Tensor) -> None:
+        """Copy the sender's ``blocks`` (``[n, *pool block]``, in this pool's format unless
+        ``header.int8``) into the expected destination blocks; raise on mismatch."""
         exp = self.table.get(header.transfer_id)
         if exp is None:
             raise ValueError(f"receiver has no expect() for transfer {header.transfer_id!r}")
@@ -70,8 +75,6 @@ class InprocReceiver(ReceiverBase):
             raise
         if not self.table.start(exp, claim=True):
             raise ValueError(f"transfer {header.transfer_id!r} already ended: {exp.handle.error}")
-        src_index = torch.tensor(src, dtype=torch.long)
-        blocks = src_pool.index_select(0, src_index)  # [n, L, 2, bs, H, D]
         if header.int8:
             records = quant.encode_records(blocks, self.layout)
             quant.decode_records_into(records, self.pool, list(exp.dst_block_ids), self.layout)

@@ -2,8 +2,11 @@
 
 One contiguous tensor per worker::
 
-    pool: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]
+    pool: [num_blocks, num_layers, 2, block_size, num_kv_heads, row]
                        (2 = K then V)
+
+where a row is ``head_dim`` values in the pool's dtype, or in an int8 pool ``head_dim`` int8
+values and their bf16 scale (``kv_codec/int8_rows.py``): ``row = head_dim + 2`` bytes.
 
 Block-major, so block ``b`` is the single contiguous byte range
 ``[b * block_bytes, (b + 1) * block_bytes)`` of the pool: one NIXL descriptor, one socket
@@ -20,20 +23,32 @@ from typing import Any
 import numpy as np
 import torch
 
-# Wire codes for the dtypes a pool may hold; never renumber (they travel between workers).
-DTYPE_CODES: dict[torch.dtype, int] = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+from pdserve.kv_codec import ROW_SCALE_BYTES
+
+# Wire codes for the dtypes a pool may hold (int8: rows with a scale each); never renumber
+# (they travel between workers).
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.float32: 1,
+    torch.bfloat16: 2,
+    torch.float16: 3,
+    torch.int8: 4,
+}
 DTYPES_BY_CODE: dict[int, torch.dtype] = {code: dt for dt, code in DTYPE_CODES.items()}
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "float32",
     torch.bfloat16: "bfloat16",
     torch.float16: "float16",
+    torch.int8: "int8",
 }
 DTYPES_BY_NAME: dict[str, torch.dtype] = {name: dt for dt, name in DTYPE_NAMES.items()}
 
 
 @dataclass(slots=True, frozen=True)
 class KVPoolLayout:
-    """Shape and dtype of a KV pool; ``num_blocks`` may differ between sender and receiver."""
+    """Shape and dtype of a KV pool; ``num_blocks`` may differ between sender and receiver.
+
+    ``head_dim`` counts values: an int8 pool's rows hold a scale after them.
+    """
 
     num_blocks: int
     num_layers: int
@@ -56,25 +71,34 @@ class KVPoolLayout:
             raise ValueError(f"KV pool must live in DRAM (cpu), got device {pool.device}")
         if pool.dtype not in DTYPE_CODES:
             raise ValueError(f"KV pool dtype {pool.dtype} unsupported; use one of {_names()}")
-        n, layers, _, block_size, heads, head_dim = pool.shape
+        n, layers, _, block_size, heads, row = pool.shape
+        head_dim = row - _row_scale_bytes(pool.dtype)
         return cls(n, layers, block_size, heads, head_dim, pool.dtype)
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
-        """One block: [num_layers, 2, block_size, num_kv_heads, head_dim]."""
+        """One block's K/V values: [num_layers, 2, block_size, num_kv_heads, head_dim]."""
         return (self.num_layers, 2, self.block_size, self.num_kv_heads, self.head_dim)
 
     @property
+    def pool_block_shape(self) -> tuple[int, int, int, int, int]:
+        """One block of the pool tensor: [num_layers, 2, block_size, num_kv_heads, row]."""
+        row = self.head_dim + _row_scale_bytes(self.dtype)
+        return (self.num_layers, 2, self.block_size, self.num_kv_heads, row)
+
+    @property
     def pool_shape(self) -> tuple[int, ...]:
-        return (self.num_blocks, *self.block_shape)
+        return (self.num_blocks, *self.pool_block_shape)
 
     @property
     def elems_per_block(self) -> int:
+        """K/V values per block (scales not counted)."""
         return int(np.prod(self.block_shape))
 
     @property
     def block_bytes(self) -> int:
-        return self.elems_per_block * self.dtype.itemsize
+        """Bytes of one block in the pool (an int8 pool's scales included)."""
+        return int(np.prod(self.pool_block_shape)) * self.dtype.itemsize
 
     def same_block_format(self, other: KVPoolLayout) -> bool:
         """True when a block of ``self`` can be copied byte for byte into ``other``."""
@@ -133,3 +157,8 @@ def pool_bytes(pool: torch.Tensor) -> np.ndarray:
 
 def _names() -> list[str]:
     return sorted(DTYPES_BY_NAME)
+
+
+def _row_scale_bytes(dtype: torch.dtype) -> int:
+    """Bytes after a row's values: an int8 pool's scale, else none."""
+    return ROW_SCALE_BYTES if dtype == torch.int8 else 0

@@ -1,7 +1,8 @@
 """Connection metadata: the opaque bytes a receiver hands to its senders.
 
 ``b"PDKM" | u32 json_len | json | blob``: the json names the backend, the receiver's pool
-layout, backend fields (TCP address, NIXL buffer addresses) and the blob's crc32; the blob is
+layout, backend fields (TCP address, NIXL buffer addresses), the blob's crc32 and, when the
+receiver requires it, the connection handshake (``"auth"``, see handshake.py); the blob is
 backend data (the NIXL agent metadata). It reaches a sender inside a gRPC request, so
 ``decode_peer`` trusts none of it.
 """
@@ -14,6 +15,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from pdserve.kv_transfer.convert import converts
+from pdserve.kv_transfer.handshake import AUTH_SCHEME
 from pdserve.kv_transfer.layout import KVPoolLayout
 from pdserve.kv_transfer.wire import VERSION as WIRE_VERSION
 
@@ -28,6 +31,7 @@ class PeerInfo:
     int8: bool  # whether the receiver accepts int8 records
     fields: dict[str, Any]
     blob: bytes = b""
+    auth: bool = False  # the receiver accepts only connections that pass handshake.py
 
 
 def encode_peer(info: PeerInfo) -> bytes:
@@ -43,6 +47,8 @@ def encode_peer(info: PeerInfo) -> bytes:
         # half-loads leaves that agent's connection unloadable for the sender's life.
         "blob_crc32": zlib.crc32(info.blob),
     }
+    if info.auth:
+        doc["auth"] = AUTH_SCHEME
     text = json.dumps(doc, sort_keys=True).encode()
     return _PREFIX.pack(_MAGIC, len(text)) + text + info.blob
 
@@ -85,13 +91,19 @@ def decode_peer(data: bytes, backend: str) -> PeerInfo:
             f"peer metadata is corrupt: its {len(blob)}-byte agent blob does not match the "
             "crc32 it was sent with (cut or changed on its way)"
         )
+    auth = doc.get("auth")
+    if auth not in (None, AUTH_SCHEME):
+        raise ValueError(
+            f"peer receiver requires KV handshake {auth!r:.40}, this sender speaks "
+            f"{AUTH_SCHEME!r}; run the same pdserve build on both workers"
+        )
     layout, int8, fields = doc.get("layout"), doc.get("int8"), doc.get("fields")
     if not isinstance(int8, bool) or not isinstance(fields, dict):
         raise ValueError(
             f"peer metadata needs int8 (a bool) and fields (an object), got {int8!r}, "
             f"{type(fields).__name__}"
         )
-    return PeerInfo(backend, _layout_from_json(layout), int8, fields, blob)
+    return PeerInfo(backend, _layout_from_json(layout), int8, fields, blob, auth is not None)
 
 
 def _layout_from_json(doc: object) -> KVPoolLayout:
@@ -111,8 +123,9 @@ def _layout_from_json(doc: object) -> KVPoolLayout:
 def check_peer(
     ours: KVPoolLayout, peer: PeerInfo, dst_block_ids: tuple[int, ...], int8: bool
 ) -> None:
-    """Sender-side check, before any byte moves: same block format, ids fit, int8 accepted."""
-    if not ours.same_block_format(peer.layout):
+    """Sender-side check, before any byte moves: the same block format (or one the sender
+    converts to: ``convert.py``), ids fit, int8 accepted."""
+    if not (ours.same_block_format(peer.layout) or converts(ours, peer.layout)):
         raise ValueError(
             f"peer pool format differs: ours {ours.describe()}, peer {peer.layout.describe()}"
         )

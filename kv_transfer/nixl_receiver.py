@@ -51,13 +51,14 @@ class NixlReceiver(ReceiverBase):
     def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
         self._agent.register(pool)
         fields: dict[str, object] = {"agent": self._agent.name, "pool_addr": pool.data_ptr()}
-        if self.config.int8:
+        int8 = self.config.int8 and layout.dtype != torch.int8  # an int8 pool's come as they are
+        if int8:
             self._staging = torch.empty(
                 (layout.num_blocks, quant.record_bytes(layout)), dtype=torch.uint8
             )
             self._agent.register(self._staging)
             fields["staging_addr"] = self._staging.data_ptr()
-        info = PeerInfo(self.backend_name, layout, self.config.int8, fields, self._agent.metadata())
+        info = PeerInfo(self.backend_name, layout, int8, fields, self._agent.metadata())
         self._metadata = encode_peer(info)
         self._poller.start()
 

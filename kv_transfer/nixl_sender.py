@@ -13,6 +13,7 @@ import torch
 from pdserve.kv_transfer import quant
 from pdserve.kv_transfer.config import TransferConfig
 from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.convert import CHUNK_BLOCKS, convert_blocks
 from pdserve.kv_transfer.endpoints import SenderBase
 from pdserve.kv_transfer.layout import KVPoolLayout
 from pdserve.kv_transfer.metadata import PeerInfo
@@ -44,6 +45,10 @@ class NixlSender(SenderBase):
         self._local_pool: Any = None
         self._local_staging: Any = None
         self._staging: torch.Tensor | None = None  # [num_blocks, record_bytes] uint8
+        # Blocks converted to a receiver's pool format (convert.py), one slot per pool block,
+        # by that format's dtype: registered at the first transfer that needs it.
+        self._converted: dict[torch.dtype, tuple[torch.Tensor, Any]] = {}
+        self._convert_lock = threading.Lock()
 
     def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
         self._agent.register(pool)
@@ -158,6 +163,8 @@ class NixlSender(SenderBase):
         if header.int8:
             self._quantize_into_staging(src)
             local, remote = self._local_staging, target.staging_descs
+        elif header.dtype != self.pool.dtype:
+            local = self._convert_into_staging(src, header)
         dst = header.dst_block_ids
         for lo, hi in self._segments(len(src)):
             if self.closing.is_set():
@@ -193,6 +200,26 @@ class NixlSender(SenderBase):
             index = torch.tensor(src[start : start + _INT8_CHUNK_BLOCKS], dtype=torch.long)
             records = quant.encode_records(self.pool.index_select(0, index), layout)
             self._staging.index_copy_(0, index, records)
+
+    def _convert_into_staging(self, src: tuple[int, ...], header: TransferHeader) -> Any:
+        """The source blocks in the receiver's pool format, each in its own slot; returns the
+        slots' descriptors. Concurrent transfers of one block write identical bytes."""
+        layout = header.layout(self._require_layout().num_blocks)
+        with self._convert_lock:
+            found = self._converted.get(layout.dtype)
+            if found is None:
+                slots = torch.empty((layout.num_blocks, layout.block_bytes), dtype=torch.uint8)
+                self._agent.register(slots)
+                descs = self._agent.prep_blocks(
+                    "", slots.data_ptr(), layout.num_blocks, layout.block_bytes
+                )
+                found = self._converted[layout.dtype] = (slots, descs)
+        slots, descs = found
+        for start in range(0, len(src), CHUNK_BLOCKS):
+            index = torch.tensor(src[start : start + CHUNK_BLOCKS], dtype=torch.long)
+            blocks = convert_blocks(self.pool.index_select(0, index), layout)
+            slots.index_copy_(0, index, blocks.view(torch.uint8).reshape(len(index), -1))
+        return descs
 
     def _notify_quietly(self, agent_name: str, message: bytes) -> None:
         try:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from pdserve.kv_codec import quantize_rows
 from pdserve.kv_transfer.config import TransferConfig
 from pdserve.kv_transfer.connector import KVReceiver, KVSender, TransferHandle, TransferOutcome
 from pdserve.kv_transfer.factory import make_receiver, make_sender
@@ -33,11 +34,13 @@ class EndpointSpec:
 
 
 def make_pool(layout: KVPoolLayout, seed: int | None) -> torch.Tensor:
-    """pool: [num_blocks, num_layers, 2, block_size, kv_heads, head_dim], reproducible."""
+    """pool: [num_blocks, num_layers, 2, block_size, kv_heads, row], reproducible (an int8
+    pool: normal values as its rows)."""
     if seed is None:
         return torch.zeros(layout.pool_shape, dtype=layout.dtype)
     gen = torch.Generator().manual_seed(seed)
-    return torch.randn(layout.pool_shape, generator=gen).to(layout.dtype)
+    values = torch.randn((layout.num_blocks, *layout.block_shape), generator=gen)
+    return quantize_rows(values) if layout.dtype == torch.int8 else values.to(layout.dtype)
 
 
 class _Host:

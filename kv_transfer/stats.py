@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 
 @dataclass(slots=True, frozen=True)
@@ -17,6 +17,13 @@ class TransferStats:
     transfer_seconds: float = 0.0  # summed over finished transfers
     bytes_saved_int8: int = 0  # versus sending the same blocks in the pool dtype
     transfers_in_flight: int = 0  # a gauge: open now (PENDING or TRANSFERRING)
+    connections_refused: int = 0  # closed by the receiver's handshake before any header
+
+    def plus(self, other: TransferStats) -> TransferStats:
+        """Two endpoints' counters together (a worker with both a sender and a receiver)."""
+        return TransferStats(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in fields(self))
+        )
 
 
 class TransferCounters:
@@ -45,6 +52,12 @@ class TransferCounters:
                 s,
                 transfers_failed=s.transfers_failed + 1,
                 transfer_seconds=s.transfer_seconds + seconds,
+            )
+
+    def record_refused(self) -> None:
+        with self._lock:
+            self._stats = replace(
+                self._stats, connections_refused=self._stats.connections_refused + 1
             )
 
     def snapshot(self) -> TransferStats:

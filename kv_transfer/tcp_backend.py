@@ -1,10 +1,12 @@
 """TCP fallback backend: one connection per transfer, framed by the wire header.
 
-The sender connects, streams ``header | record * n`` and waits for a one-message ack; the
-receiver validates the header against its pool and ``expect`` before it reads a record,
-then reads plain records straight into the destination blocks (no staging copy) and int8
-records through a small buffer. A closed or silent connection fails the transfer on both
-sides within ``io_timeout_s`` (and always by ``timeout_s``).
+The sender connects, streams ``header | record * n`` (records in the receiver's pool format:
+``convert.py``) and waits for a one-message ack; the receiver validates the header against
+its pool and ``expect`` before it reads a record, then reads plain records straight into the
+destination blocks (no staging copy) and int8 records through a small buffer. A closed or
+silent connection fails the transfer on both sides within ``io_timeout_s`` (and always by
+``timeout_s``). With an ``auth_key`` both ends first pass the handshake of handshake.py: a
+connection that fails it is closed before its header is read.
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ import torch
 from pdserve.kv_transfer import quant
 from pdserve.kv_transfer.config import TransferConfig
 from pdserve.kv_transfer.connector import TransferHandle
+from pdserve.kv_transfer.convert import convert_blocks
 from pdserve.kv_transfer.endpoints import ReceiverBase, SenderBase
 from pdserve.kv_transfer.expectations import Expectation
+from pdserve.kv_transfer.handshake import (
+    authenticate_receiver,
+    authenticate_sender,
+    check_auth_settings,
+)
 from pdserve.kv_transfer.layout import KVPoolLayout, pool_bytes
 from pdserve.kv_transfer.metadata import PeerInfo, encode_peer
 from pdserve.kv_transfer.sockets import (
@@ -65,6 +73,7 @@ class TcpSender(SenderBase):
             raise ValueError(f"peer metadata needs a TCP host and port, got {host!r}:{port!r}")
 
     def _connect(self, peer: PeerInfo, raw: bytes) -> Address:
+        check_auth_settings(peer.auth, self.config.auth_key)
         return str(peer.fields["host"]), int(peer.fields["port"])
 
     def _transfer(
@@ -78,6 +87,9 @@ class TcpSender(SenderBase):
         where = f"{target[0]}:{target[1]}"
         with socket.create_connection(target, timeout=self.config.io_timeout_s) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            key = self.config.auth_key
+            if key is not None:  # before the header: nothing moves to an unproven receiver
+                authenticate_receiver(sock, key, deadline_s, self.config.io_timeout_s)
             handle.start()
             progress = _Progress()
             try:
@@ -112,7 +124,7 @@ class TcpSender(SenderBase):
 
     def _records(self, header: TransferHeader, src: tuple[int, ...]) -> Iterator[memoryview]:
         """Each block's wire record, in order, as a byte buffer."""
-        if not header.int8:
+        if not header.int8 and header.dtype == self.pool.dtype:
             view = pool_bytes(self.pool)  # [num_blocks, block_bytes]
             for block in src:
                 yield memoryview(view[block])
@@ -120,7 +132,11 @@ class TcpSender(SenderBase):
         layout = KVPoolLayout.of_pool(self.pool)
         for start in range(0, len(src), _INT8_CHUNK_BLOCKS):
             index = torch.tensor(src[start : start + _INT8_CHUNK_BLOCKS], dtype=torch.long)
-            records = quant.encode_records(self.pool.index_select(0, index), layout).numpy()
+            blocks = self.pool.index_select(0, index)
+            if header.int8:
+                records = quant.encode_records(blocks, layout).numpy()
+            else:  # the receiver's pool format (convert.py)
+                records = pool_bytes(convert_blocks(blocks, header.layout(len(index))))
             for row in records:
                 yield memoryview(row)
 
@@ -158,7 +174,8 @@ class TcpReceiver(ReceiverBase):
     def connection_metadata(self) -> bytes:
         host, port = self.address
         fields = {"host": self.config.host if host in ("0.0.0.0", "::") else host, "port": port}
-        return encode_peer(PeerInfo(self.backend_name, self.layout, True, fields))
+        auth = self.config.auth_key is not None
+        return encode_peer(PeerInfo(self.backend_name, self.layout, True, fields, auth=auth))
 
     def _on_close(self) -> None:
         self._closed.set()
@@ -171,7 +188,7 @@ class TcpReceiver(ReceiverBase):
         assert self._listener is not None
         while not self._closed.is_set():
             try:
-                conn, _ = self._listener.accept()
+                conn, peer = self._listener.accept()
             except TimeoutError:
                 continue
             except OSError as exc:
@@ -181,7 +198,7 @@ class TcpReceiver(ReceiverBase):
             if not self._connection_slots.acquire(blocking=False):
                 self._refuse_busy(conn)
                 continue
-            threading.Thread(target=self._serve_in_slot, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve_in_slot, args=(conn, peer), daemon=True).start()
 
     def _refuse_busy(self, conn: socket.socket) -> None:
         """Answer at once from the accept thread, without draining the peer's input (that
@@ -192,15 +209,17 @@ class TcpReceiver(ReceiverBase):
         self._counters.record_failed(0.0)
         log.info("KV TCP receiver refused a connection: %d open", limit)
 
-    def _serve_in_slot(self, conn: socket.socket) -> None:
+    def _serve_in_slot(self, conn: socket.socket, peer: Address) -> None:
         try:
-            self._serve(conn)
+            self._serve(conn, peer)
         finally:
             self._connection_slots.release()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, peer: Address) -> None:
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not self._authenticated(conn, peer):
+                return
             exp, header = self._admit(conn)
             if exp is None or header is None:
                 return
@@ -214,6 +233,21 @@ class TcpReceiver(ReceiverBase):
             saved = quant.bytes_saved(self.layout, header.num_blocks) if header.int8 else 0
             self.table.succeed(exp, header.payload_bytes(), saved)
             send_quietly(conn, encode_ack(ACK_OK))
+
+    def _authenticated(self, conn: socket.socket, peer: Address) -> bool:
+        """Without a key, every connection; with one, only a sender that proves it. A refused
+        one is closed unanswered: no header read, no expectation touched."""
+        key = self.config.auth_key
+        if key is None:
+            return True
+        deadline_s = time.monotonic() + self.config.io_timeout_s
+        try:
+            authenticate_sender(conn, key, deadline_s, self.config.io_timeout_s)
+        except OSError as exc:
+            self._counters.record_refused()
+            log.warning("KV connection from %s:%d refused: %s", *peer[:2], exc)
+            return False
+        return True
 
     def _admit(self, conn: socket.socket) -> tuple[Expectation | None, TransferHeader | None]:
         """Read and check the header; on any problem reject the connection with the reason."""

@@ -6,7 +6,7 @@
       0  magic        4s   b"PDKV"
       4  version      u16  2 (1 is refused: see RETIRED_VERSIONS)
       6  flags        u16  bit 0: int8 records (see quant.py)
-      8  dtype        u8   pool dtype code (layout.DTYPE_CODES)
+      8  dtype        u8   the receiver's pool dtype code (layout.DTYPE_CODES; 4: int8 rows)
       9  reserved     u8   0
      10  id_len       u16  bytes of the utf-8 transfer id
      12  block_size   u32
@@ -18,9 +18,12 @@
          dst blocks   u32 * n   destination block ids, in record order
          crc32        u32  over every header byte before it
     records, n of them, each one contiguous byte range
-      plain: block bytes in the pool dtype, [num_layers, 2, block_size, heads, head_dim]
-             i.e. per layer, K then V (the pool's own block layout)
-      int8:  k_scales bf16 [num_layers, num_kv_heads, head_dim]   (per channel, over tokens)
+      plain: block bytes in the receiver's pool format, [num_layers, 2, block_size, heads,
+             row] i.e. per layer, K then V (the pool's own block layout; an int8 pool's rows
+             hold head_dim int8 values and their bf16 scale; a sender of the other pool kind
+             converts: convert.py)
+      int8:  (between float pools only)
+             k_scales bf16 [num_layers, num_kv_heads, head_dim]   (per channel, over tokens)
              v_scales bf16 [num_layers, block_size, num_kv_heads] (per token, over channels)
              values   int8 [num_layers, 2, block_size, num_kv_heads, head_dim]
              (quant.py has the scheme and its error bound)

@@ -1,10 +1,14 @@
-"""The Prefill RPC: compute the prompt, stream the first token at once, ship the KV.
+"""The Prefill RPC: compute the prompt, stream the first token at once, ship the KV. And
+FetchKV, the same role's side of a peer fetch.
 
 ::
 
-    Prefill(request)  ──> engine.prefill: first token (KV held)  ──> event 1: first_token
+    Prefill(request)  ──> (peer_prefix: fetch the prompt's leading blocks from that prefill
+                           worker first, peer_fetch.py; computed here if the fetch fails)
+                      ──> engine.prefill: first token (KV held)  ──> event 1: first_token
                       ──> our block table[present:] -> destination[present:] (KV sender)
                       ──> release the KV (transfer ok or not)      ──> event 2: TransferReport
+    FetchKV(prefix)   ──> peer_holder.py: send the prefix's blocks to the fetching worker
 
 A transfer failure is a report with ``ok=false`` (the first token already went out); the
 router then retries the transfer elsewhere or recomputes. The held KV is released only
@@ -18,12 +22,23 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any
+from typing import Any, TypeVar
+
+import grpc
 
 from pdserve.engine.async_engine import AsyncEngine
-from pdserve.kv_transfer import KVSender, TransferConfig, TransferStats, make_sender
+from pdserve.kv_transfer import (
+    KVReceiver,
+    KVSender,
+    TransferConfig,
+    TransferStats,
+    make_receiver,
+    make_sender,
+)
 from pdserve.kv_transfer.handoff import KVDestination
-from pdserve.prefill_worker.transfer import TransferPlan, await_handle, plan_transfer, report_for
+from pdserve.prefill_worker.peer_fetch import ConnectFn, PeerFetcher, PeerFetchStats, PeerPrefix
+from pdserve.prefill_worker.peer_holder import PeerHolder
+from pdserve.prefill_worker.transfer import plan_transfer, send_planned
 from pdserve.proto import worker_pb2
 from pdserve.proto.params import params_from_proto
 from pdserve.worker.checks import PromptLimits, check_prompt, check_request_id
@@ -32,19 +47,30 @@ from pdserve.worker.errors import PreconditionFailed, RequestCancelled
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 # Destinations remembered against replays; a reservation lives at most its timeout, far
 # fewer transfers than this on one prefill worker.
 _SENT_TO_REMEMBERED = 65536
 
 
 class PrefillService:
-    """Prefill-role handlers over one engine and one KV sender."""
+    """Prefill-role handlers over one engine, a KV sender (to decode workers and fetching
+    peers) and a KV receiver (for its own peer fetches)."""
 
     def __init__(
-        self, engine: AsyncEngine, sender: KVSender, backend: str, transfer_timeout_s: float
+        self,
+        engine: AsyncEngine,
+        sender: KVSender,
+        receiver: KVReceiver,
+        worker_id: str,
+        backend: str,
+        transfer_timeout_s: float,
+        connect: ConnectFn = grpc.aio.insecure_channel,
     ) -> None:
         self.engine = engine
         self.sender = sender
+        self.receiver = receiver
         self.backend = backend
         # The sender ends every transfer within its own timeout; waiting a bit longer
         # only guards against a backend that breaks that promise.
@@ -56,10 +82,16 @@ class PrefillService:
         # Destinations already sent to, oldest first: a replayed Prefill must not write into
         # blocks the decode worker may have given to another request since.
         self._sent_to: OrderedDict[str, None] = OrderedDict()
+        self.peer_stats = PeerFetchStats()
+        self.fetcher = PeerFetcher(
+            engine, receiver, worker_id, backend, transfer_timeout_s, self.peer_stats, connect
+        )
+        self.holder = PeerHolder(engine, sender, worker_id, backend, self._wait_s, self.peer_stats)
         self._active: set[str] = set()  # first token out, KV not released yet
         # Hand-offs (send, then release the KV) after a first token went out: they run to
-        # the end even when the Prefill caller goes away, since the decode worker waits.
-        self._handoffs: set[asyncio.Task[worker_pb2.TransferReport]] = set()
+        # the end even when the Prefill caller goes away, since the decode worker waits;
+        # and releases of fetched prefixes.
+        self._background: set[asyncio.Task[Any]] = set()
 
     async def prefill(
         self, request: worker_pb2.PrefillRequest
@@ -71,8 +103,14 @@ class PrefillService:
         self._limits.check_token_ids(prompt, "prompt_token_ids")
         self._limits.check_context(len(prompt), params.max_tokens)
         dest = self._destination(request, len(prompt))
+        peer = peer_prefix_from_proto(request)
+        fetch_started_s = time.monotonic()
+        hold_id = await self.fetcher.fetch(request_id, prompt, peer) if peer else None
         started_s = time.monotonic()
-        first = await self.engine.prefill(request_id, prompt, params)
+        try:
+            first = await self.engine.prefill(request_id, prompt, params)
+        finally:  # the prefill holds the fetched blocks now (or never will)
+            self._spawn(self.fetcher.release(hold_id))
         if first.finish_reason == "abort":
             raise RequestCancelled(f"prefill {request_id!r} was cancelled before its first token")
         first_s = time.monotonic()
@@ -86,6 +124,7 @@ class PrefillService:
         handoff.add_done_callback(lambda task: _log_handoff(request_id, len(prompt), ttft_s, task))
         chunk = step_to_chunk(first)
         chunk.phase_times.prefill_s = ttft_s
+        chunk.phase_times.fetch_s = started_s - fetch_started_s if peer else 0.0
         yield worker_pb2.PrefillEvent(first_token=chunk)
         report = await asyncio.shield(handoff)  # not stopped by the caller leaving
         yield worker_pb2.PrefillEvent(transfer=report)
@@ -97,21 +136,40 @@ class PrefillService:
             return True
         return await self.engine.abort(request_id)
 
+    async def fetch_kv(self, request: worker_pb2.FetchKVRequest) -> worker_pb2.TransferReport:
+        """FetchKV: another prefill worker pulls a prefix this worker holds."""
+        return await self.holder.fetch_kv(request)
+
     @classmethod
-    def create(cls, engine: AsyncEngine, backend: str, config: TransferConfig) -> PrefillService:
-        """A service with its own sender over the engine's KV pool (blocking: NIXL setup)."""
+    def create(
+        cls,
+        engine: AsyncEngine,
+        worker_id: str,
+        backend: str,
+        config: TransferConfig,
+        connect: ConnectFn = grpc.aio.insecure_channel,
+    ) -> PrefillService:
+        """A service with its own sender and receiver over the engine's KV pool (blocking:
+        NIXL setup); ``connect`` opens channels to the peers it fetches from."""
+        pool = engine.engine.runner.kv_cache
         sender = make_sender(backend, config)
-        sender.register_pool(engine.engine.runner.kv_cache)
-        return cls(engine, sender, backend, config.timeout_s)
+        sender.register_pool(pool)
+        receiver = make_receiver(backend, config)
+        receiver.register_pool(pool)
+        return cls(engine, sender, receiver, worker_id, backend, config.timeout_s, connect)
 
     def transfer_stats(self) -> TransferStats:
-        return self.sender.stats()
+        """Both ends: KV sent (to decode workers, to fetching peers) and fetched."""
+        return self.sender.stats().plus(self.receiver.stats())
 
     async def close(self) -> None:
-        """Let transfers in flight end and their KV be released, then close the sender."""
-        if self._handoffs:
-            await asyncio.wait(list(self._handoffs), timeout=self._wait_s)
+        """Let transfers in flight end and their KV be released, then close both ends."""
+        await self.holder.close()
+        await self.fetcher.close()
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=self._wait_s)
         self.sender.close()
+        self.receiver.close()
 
     def _destination(self, request: worker_pb2.PrefillRequest, prompt_tokens: int) -> KVDestination:
         """The checked destination: everything a send would refuse is refused here, before
@@ -161,17 +219,9 @@ class PrefillService:
             plan = plan_transfer(await self.engine.block_table(request_id), dest)
         except ValueError as exc:  # tables disagree, or a Cancel freed the KV already
             return worker_pb2.TransferReport(ok=False, error=str(exc))
-        if plan.empty:
-            return worker_pb2.TransferReport(ok=True, blocks_skipped=plan.blocks_skipped)
-        try:
-            handle = self.sender.send(
-                plan.transfer_id, plan.src_block_ids, plan.peer, plan.dst_block_ids
-            )
-        except Exception as exc:  # bad peer metadata, unreachable peer: this request only
-            return _failed_report(plan, f"{type(exc).__name__}: {exc}")
-        await await_handle(handle, self._wait_s)
-        report = report_for(plan, handle, self._wait_s)
-        report.since_first_token_s = (handle.ended_at_s or time.monotonic()) - first_s
+        report, handle = await send_planned(self.sender, plan, self._wait_s)
+        if handle is not None:
+            report.since_first_token_s = (handle.ended_at_s or time.monotonic()) - first_s
         return report
 
     async def _hand_off(
@@ -189,12 +239,10 @@ class PrefillService:
             finally:
                 self._active.discard(request_id)
 
-    def _spawn(
-        self, coro: Coroutine[Any, Any, worker_pb2.TransferReport]
-    ) -> asyncio.Task[worker_pb2.TransferReport]:
+    def _spawn(self, coro: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
         task = asyncio.get_running_loop().create_task(coro)
-        self._handoffs.add(task)
-        task.add_done_callback(self._handoffs.discard)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
         return task
 
 
@@ -223,9 +271,14 @@ def _log_handoff(
     )
 
 
-def _failed_report(plan: TransferPlan, error: str) -> worker_pb2.TransferReport:
-    return worker_pb2.TransferReport(
-        ok=False,
-        error=f"transfer {plan.transfer_id!r}: {error}",
-        blocks_skipped=plan.blocks_skipped,
-    )
+def peer_prefix_from_proto(request: worker_pb2.PrefillRequest) -> PeerPrefix | None:
+    """The request's peer prefix; None when unset. ValueError when it is half filled."""
+    if not request.HasField("peer_prefix"):
+        return None
+    msg = request.peer_prefix
+    if not msg.worker_id or not msg.address or msg.num_blocks < 1:
+        raise ValueError(
+            "peer_prefix needs worker_id, address and num_blocks >= 1 (the holder the "
+            f"router chose), got {msg.worker_id!r}, {msg.address!r}, {msg.num_blocks}"
+        )
+    return PeerPrefix(msg.worker_id, msg.address, msg.num_blocks)

@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pdserve.kv_transfer import TransferHandle, TransferState
+from pdserve.kv_transfer import KVSender, TransferHandle, TransferState
 from pdserve.kv_transfer.handoff import KVDestination, await_handle
 from pdserve.proto import worker_pb2
 
-__all__ = ["TransferPlan", "await_handle", "plan_transfer", "report_for"]
+__all__ = ["TransferPlan", "await_handle", "plan_transfer", "report_for", "send_planned"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,3 +82,21 @@ def report_for(
         blocks_sent=len(plan.src_block_ids) if ok else 0,
         blocks_skipped=plan.blocks_skipped,
     )
+
+
+async def send_planned(
+    sender: KVSender, plan: TransferPlan, wait_s: float
+) -> tuple[worker_pb2.TransferReport, TransferHandle | None]:
+    """Send ``plan`` and wait (at most ``wait_s``) for its end: its report, and its handle
+    (None when nothing was sent: an empty plan, or a send that could not start)."""
+    if plan.empty:
+        return worker_pb2.TransferReport(ok=True, blocks_skipped=plan.blocks_skipped), None
+    try:
+        handle = sender.send(plan.transfer_id, plan.src_block_ids, plan.peer, plan.dst_block_ids)
+    except Exception as exc:  # bad peer metadata, unreachable peer: this transfer only
+        error = f"transfer {plan.transfer_id!r}: {type(exc).__name__}: {exc}"
+        return worker_pb2.TransferReport(
+            ok=False, error=error, blocks_skipped=plan.blocks_skipped
+        ), None
+    await await_handle(handle, wait_s)
+    return report_for(plan, handle, wait_s), handle

@@ -23,10 +23,21 @@ class RouterConfig:
     default_policy: str = DEFAULT_POLICY
     hot_spot_margin_requests: int = 4
     cost: CostModel = field(default_factory=CostModel)
+    # joint_ttft may send a prefill worker to fetch a prompt prefix another prefill worker
+    # holds (PrefillRequest.peer_prefix) when the cost model says moving beats computing.
+    peer_fetch: bool = True
     block_size: int = 16
     # Limits.
     max_concurrent_requests: int = 1024
+    # The limit follows the SLO between these two (state/admission.py, ConcurrencyLimiter);
+    # off: it stays at max_concurrent_requests.
+    adaptive_concurrency: bool = False
+    min_concurrent_requests: int = 4
     retry_after_s: int = 1
+    # Refuse (429 / RESOURCE_EXHAUSTED) a request that would wait, behind work already
+    # queued, more than this many times the TTFT objective (state/admission.py,
+    # SloShedding); 0 = never.
+    shed_ttft_factor: float = 0.0
     max_tokens_limit: int = 4096
     default_max_tokens: int = 16
     # Timeouts and retries.
@@ -48,11 +59,14 @@ class RouterConfig:
     def __post_init__(self) -> None:
         normalize_policy_name(self.default_policy)
         _positive("max_concurrent_requests", self.max_concurrent_requests)
+        _positive("min_concurrent_requests", self.min_concurrent_requests)
         _positive("max_tokens_limit", self.max_tokens_limit)
         _positive("default_max_tokens", self.default_max_tokens)
         _positive("max_attempts", self.max_attempts)
         _positive("block_size", self.block_size)
         _positive("max_message_bytes", self.max_message_bytes)
+        if self.shed_ttft_factor < 0:
+            raise ValueError(f"shed_ttft_factor must be >= 0, got {self.shed_ttft_factor}")
         if self.request_timeout_s < 0 or self.worker_rpc_timeout_s <= 0:
             raise ValueError(
                 f"request_timeout_s must be >= 0 and worker_rpc_timeout_s > 0, got "

@@ -10,6 +10,7 @@ import asyncio
 import math
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 import uvicorn
@@ -26,6 +27,9 @@ from pdserve.router.request.metered_lifecycle import MeteredLifecycle
 from pdserve.router.request.types import TimingSink
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
 from pdserve.router.state.locality import LocalityIndex, PromptBlockHasher
+
+if TYPE_CHECKING:
+    from pdserve.worker.mutual_tls import ClientTls
 
 
 @dataclass
@@ -58,10 +62,11 @@ async def start_router(
     locality: LocalityIndex | None = None,
     hasher: PromptBlockHasher | None = None,
     timing_sink: TimingSink | None = None,
-    worker_credentials: grpc.ChannelCredentials | None = None,
+    worker_tls: ClientTls | None = None,
 ) -> RouterService:
-    """Start both servers on ``config.host``; ``worker_credentials`` secure worker channels."""
-    channels = ChannelPool(worker_credentials, config.max_message_bytes)
+    """Start both servers on ``config.host``; ``worker_tls``: mutual TLS to the workers (a
+    cluster with a secret), else plaintext."""
+    channels = ChannelPool(worker_tls, config.max_message_bytes)
     obs = RouterObservability(config, directory, channels)
     # The tokenizer also decodes: exact text when a stream fails over.
     lifecycle = MeteredLifecycle(

@@ -92,7 +92,8 @@ def stats_to_proto(
     role: str,
     epoch: int,
 ) -> worker_pb2.WorkerStats:
-    """GetStats' answer. Transfer bytes count both directions (a worker has one role)."""
+    """GetStats' answer. Transfer bytes count both directions (a worker has one role; a
+    prefill worker receives only what it fetches from peers)."""
     msg = worker_pb2.WorkerStats(
         worker_id=worker_id,
         role=role,

@@ -13,8 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from pdserve.engine.kv_cache.events import KVCacheEvent
-from pdserve.engine.kv_cache.hashing import BlockHash
+from pdserve.engine.kv_cache.events import CachedBlocks, KVCacheEvent
 from pdserve.proto.workers import WorkerLoad
 
 if TYPE_CHECKING:
@@ -25,8 +24,9 @@ if TYPE_CHECKING:
 StatsFn = Callable[[], WorkerLoad]
 DrainFn = Callable[[], Sequence[KVCacheEvent]]
 # Must drop the events not drained yet, atomically with reading the cache (the snapshot
-# already contains their effect).
-SnapshotFn = Callable[[], Sequence[BlockHash]]
+# already contains their effect). Blocks in the tiers under the pool are included: a restarted
+# worker's disk tier is in its first snapshot.
+SnapshotFn = Callable[[], CachedBlocks]
 
 T = TypeVar("T")
 
@@ -63,9 +63,10 @@ def _drain(engine: Any) -> list[KVCacheEvent]:
     return list(engine.kv.drain_events())
 
 
-def _snapshot(engine: Any) -> tuple[BlockHash, ...]:
+def _snapshot(engine: Any) -> CachedBlocks:
     engine.kv.drain_events()  # their effect is in the snapshot
-    return tuple(engine.kv.cached_block_hashes())
+    cached: CachedBlocks = engine.kv.cached_blocks()
+    return cached
 
 
 def engine_callbacks(
@@ -93,8 +94,8 @@ def engine_callbacks(
         events: list[KVCacheEvent] = call(lambda: engine.run(_drain))
         return events
 
-    def snapshot_fn() -> Sequence[BlockHash]:
-        hashes: tuple[BlockHash, ...] = call(lambda: engine.run(_snapshot))
-        return hashes
+    def snapshot_fn() -> CachedBlocks:
+        cached: CachedBlocks = call(lambda: engine.run(_snapshot))
+        return cached
 
     return stats_fn, drain_fn, snapshot_fn

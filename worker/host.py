@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -33,6 +33,7 @@ from pdserve.engine.model.registry import resolve_model
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.proto.workers import WorkerInfo, WorkerRole
 from pdserve.worker import server as ws
+from pdserve.worker.cluster_secret import ClusterSecret
 from pdserve.worker.engine_callbacks import (
     DrainFn,
     SnapshotFn,
@@ -41,6 +42,7 @@ from pdserve.worker.engine_callbacks import (
     load_from_stats,
 )
 from pdserve.worker.metrics import MetricsServer
+from pdserve.worker.mutual_tls import add_worker_port
 from pdserve.worker.raw_requests import add_worker_service
 
 log = logging.getLogger("pdserve.worker_host")
@@ -61,6 +63,8 @@ class WorkerSpec:
     extra_args: tuple[str, ...] = ()  # more `python -m pdserve.worker.server` flags
     torch_threads: int = 1  # 0: torch's default
     grace_s: float = 5.0
+    # Mutual TLS and authenticated KV (worker/server.py); shipped in memory, never as a flag.
+    cluster_secret: ClusterSecret | None = field(default=None, repr=False)
 
     def server_args(self) -> list[str]:
         return [
@@ -182,11 +186,12 @@ class WorkerHost:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         args = ws.build_parser().parse_args(self.spec.server_args())
-        server_cfg, engine_cfg, transfer_cfg, decode_cfg = ws.configs_from_args(args)
+        configs = ws.configs_from_args(args, self.spec.cluster_secret)
+        server_cfg, engine_cfg, transfer_cfg, decode_cfg = configs
         servicer = ws.WorkerServicer(server_cfg)
         health_servicer = health.aio.HealthServicer()
         server = _grpc_server(servicer, health_servicer)
-        port = server.add_insecure_port(f"{server_cfg.host}:{server_cfg.port}")
+        port = add_worker_port(server, f"{server_cfg.host}:{server_cfg.port}", server_cfg.secret)
         await server.start()
         await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
         try:
@@ -245,11 +250,7 @@ class WorkerHost:
 
 
 def _grpc_server(servicer: ws.WorkerServicer, health_servicer: Any) -> grpc.aio.Server:
-    options = [
-        ("grpc.max_receive_message_length", ws.MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", ws.MAX_MESSAGE_BYTES),
-    ]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=ws.SERVER_OPTIONS)
     add_worker_service(server, servicer)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return server

@@ -50,7 +50,11 @@ _COUNTERS = (
     ("prompt_tokens", "prompt_tokens", "Prompt tokens of requests accepted (imported too)."),
     ("generated_tokens", "generated_tokens", "Tokens this worker sampled."),
     ("kv_transfer_bytes", "transfer_bytes", "KV bytes sent plus received."),
-    ("recompute_fallbacks", "recompute_fallbacks", "Requests recomputed, KV not transferable."),
+    (
+        "recompute_fallbacks",
+        "recompute_fallbacks",
+        "Peer fetches that failed: the prompt prefix was computed instead.",
+    ),
     ("spec_verify_steps", "spec_verify_steps", "Speculative verify chunks run."),
     ("spec_proposed_tokens", "spec_proposed_tokens", "Speculated candidate tokens verified."),
     ("spec_accepted_tokens", "spec_accepted_tokens", "Speculated candidate tokens accepted."),
@@ -120,6 +124,7 @@ def worker_families(stats: worker_pb2.WorkerStats) -> list[Metric]:
     families.append(transfers)
     families.append(_acceptance_length_histogram(stats, labels))
     families.extend(_tier_families(stats, labels))
+    families.extend(_peer_fetch_families(stats, labels))
     families.append(
         GaugeMetricFamily(
             "pdserve_worker_epoch", "The worker's incarnation epoch.", value=float(stats.epoch)
@@ -163,6 +168,32 @@ def _tier_families(stats: worker_pb2.WorkerStats, labels: list[str]) -> list[Met
     )
     stopped.add_metric(labels, float(stats.disk_tier_stopped))
     return [hits, stored, moved, used, stopped]
+
+
+def _peer_fetch_families(stats: worker_pb2.WorkerStats, labels: list[str]) -> list[Metric]:
+    """Peer fetch on a prefill worker: prefixes pulled from another prefill worker against
+    prefixes computed after a failed fetch, and what moved each way (zeros elsewhere)."""
+    prefixes = CounterMetricFamily(
+        "pdserve_worker_kv_peer_prefixes",
+        "Prompt prefixes the router asked this worker to fetch from a peer, by outcome.",
+        labels=["worker", "role", "outcome"],
+    )
+    prefixes.add_metric([*labels, "fetched"], float(stats.peer_fetches))
+    prefixes.add_metric([*labels, "recomputed"], float(stats.recompute_fallbacks))
+    blocks = CounterMetricFamily(
+        "pdserve_worker_kv_peer_blocks",
+        "KV blocks moved by peer fetches: fetched into this worker, served to peers.",
+        labels=["worker", "role", "direction"],
+    )
+    blocks.add_metric([*labels, "fetched"], float(stats.peer_fetched_blocks))
+    blocks.add_metric([*labels, "served"], float(stats.peer_served_blocks))
+    fetched_bytes = CounterMetricFamily(
+        "pdserve_worker_kv_peer_fetched_bytes",
+        "KV bytes fetched into this worker from peers.",
+        labels=["worker", "role"],
+    )
+    fetched_bytes.add_metric(labels, float(stats.peer_fetched_bytes))
+    return [prefixes, blocks, fetched_bytes]
 
 
 def _acceptance_length_histogram(

@@ -3,6 +3,10 @@
     python -m pdserve.worker.server --role prefill|decode|colocated --port N \\
         [--model M] [--kv-backend nixl|tcp] [--ready-file PATH] ...
 
+With ``--cluster-secret-file`` the gRPC port serves only mutual TLS under the cluster's CA
+(worker/mutual_tls.py) and KV arrives only over authenticated connections (the TCP handshake
+of kv_transfer/handshake.py); without it, both are open to whoever reaches them.
+
 The server answers at once (health NOT_SERVING) and turns SERVING when the model is loaded
 and warm; ``--ready-file`` then gets ``{"port", "worker_id", "epoch", "pid", ...}``. From
 then on it also serves Prometheus ``/metrics`` (its GetStats figures) on ``--metrics-port``
@@ -25,7 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,7 +40,11 @@ from pdserve.decode_worker.config import DecodeConfig
 from pdserve.decode_worker.service import DecodeService
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.config import CacheConfig, EngineConfig
-from pdserve.engine.kv_cache.tier_options import add_kv_tier_arguments, kv_tier_settings
+from pdserve.engine.kv_cache.tier_options import (
+    add_kv_cache_dtype_argument,
+    add_kv_tier_arguments,
+    kv_tier_settings,
+)
 from pdserve.engine.sampling_params import SamplingParams
 from pdserve.engine.scheduler import SchedulerConfig
 from pdserve.engine.speculative.config import SpeculativeConfig
@@ -44,10 +52,12 @@ from pdserve.engine.speculative.options import add_speculative_arguments, specul
 from pdserve.kv_transfer import FaultInjection, TransferConfig
 from pdserve.prefill_worker.prefill import PrefillService
 from pdserve.proto import worker_pb2, worker_pb2_grpc
+from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
 from pdserve.worker.colocated import GenerateService
 from pdserve.worker.convert import stats_to_proto
 from pdserve.worker.errors import status_for
 from pdserve.worker.metrics import MetricsServer, start_metrics_server, stats_fn_on_loop
+from pdserve.worker.mutual_tls import add_worker_port, worker_channel_factory
 from pdserve.worker.raw_requests import add_worker_service
 
 log = logging.getLogger("pdserve.worker")
@@ -56,6 +66,15 @@ T = TypeVar("T")
 ROLES = ("prefill", "decode", "colocated")
 SERVICE_NAME = "pdserve.v1.Worker"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # NIXL agent metadata and long prompts fit easily
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Routers ping every few seconds while a call is open, also while a long prefill sends
+    # nothing, to notice a host that was cut off: accept those pings (gRPC's default
+    # answers more than one per 5 minutes without data with GOAWAY).
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,6 +89,7 @@ class WorkerServerConfig:
     grace_s: float = 5.0
     torch_threads: int | None = None
     metrics_port: int = 0  # Prometheus /metrics: 0 = a free port, -1 = none
+    secret: ClusterSecret | None = field(default=None, repr=False)  # None: no mutual TLS
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -97,13 +117,16 @@ class WorkerRoles:
     async def stats(self, config: WorkerServerConfig) -> worker_pb2.WorkerStats:
         role = self.prefill or self.decode
         transfer = role.transfer_stats() if role is not None else None
-        return stats_to_proto(
+        msg = stats_to_proto(
             await self.engine.stats(),
             transfer,
             worker_id=config.worker_id,
             role=config.role,
             epoch=config.epoch,
         )
+        if self.prefill is not None:
+            self.prefill.peer_stats.fill(msg)
+        return msg
 
     async def close(self) -> None:
         for service in (self.prefill, self.decode):
@@ -125,7 +148,10 @@ def build_roles(
     roles = WorkerRoles(engine, GenerateService(engine))
     backend = config.kv_backend
     if config.role == "prefill":
-        roles.prefill = PrefillService.create(engine, backend, transfer_config)
+        connect = worker_channel_factory(config.secret)
+        roles.prefill = PrefillService.create(
+            engine, config.worker_id, backend, transfer_config, connect
+        )
     elif config.role == "decode":
         roles.decode = DecodeService.create(
             engine, config.worker_id, backend, transfer_config, decode_config
@@ -163,6 +189,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             return await decode.reserve_kv(request)
         except Exception as exc:
             return await self._abort(context, "ReserveKV", request.request_id, exc)
+
+    async def FetchKV(self, request: Any, context: Any) -> Any:
+        prefill = (await self._ready(context)).prefill
+        if prefill is None:
+            return await self._wrong_role(context, "FetchKV", "prefill")
+        try:
+            return await prefill.fetch_kv(request)
+        except Exception as exc:
+            return await self._abort(context, "FetchKV", request.request_id, exc)
 
     async def Decode(self, request: Any, context: Any) -> AsyncIterator[Any]:
         decode = (await self._ready(context)).decode
@@ -236,14 +271,10 @@ async def serve(
     """Run until SIGTERM/SIGINT."""
     servicer = WorkerServicer(config)
     health_servicer = health.aio.HealthServicer()
-    options = [
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ]
-    server = grpc.aio.server(options=options)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     add_worker_service(server, servicer)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = add_worker_port(server, f"{config.host}:{config.port}", config.secret)
     await server.start()
     await _set_health(health_servicer, health_pb2.HealthCheckResponse.NOT_SERVING)
     stop = asyncio.Event()
@@ -335,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-backend", default="nixl", choices=["nixl", "tcp"])
     add("--num-blocks", type=int, default=None, help="KV pool blocks (default: by memory)")
     add("--block-size", type=int, default=16)
+    add_kv_cache_dtype_argument(p)
     add("--max-num-seqs", type=int, default=64)
     add("--max-num-batched-tokens", type=int, default=2048)
     add("--no-prefix-caching", action="store_true")
@@ -346,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--grace-s", type=float, default=5.0, help="in-flight calls' grace on SIGTERM")
     add("--torch-threads", type=int, default=None)
     add("--metrics-port", type=int, default=0, help="Prometheus /metrics (0: free port, -1: none)")
+    add("--cluster-secret-file", type=Path, default=None,
+        help="cluster secret file (mode 0600): mutual TLS on gRPC, authenticated KV")  # fmt: skip
     add("--fault-pause-after-blocks", type=int, default=None, help="test hook: sender pause")
     add("--fault-pause-s", type=float, default=0.0, help="test hook: length of that pause")
     add("--log-level", default="INFO")
@@ -355,8 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def configs_from_args(
-    args: argparse.Namespace,
+    args: argparse.Namespace, secret: ClusterSecret | None = None
 ) -> tuple[WorkerServerConfig, EngineConfig, TransferConfig, DecodeConfig]:
+    """The configs the flags describe; ``secret`` (a host that holds it in memory) replaces
+    ``--cluster-secret-file``."""
+    if secret is None and args.cluster_secret_file is not None:
+        secret = read_secret_file(args.cluster_secret_file)
     default_id = f"{args.role}-{socket.gethostname()}-{os.getpid()}"
     worker_id = args.worker_id or re.sub(r"[^A-Za-z0-9._-]", "-", default_id)
     server = WorkerServerConfig(
@@ -370,6 +408,7 @@ def configs_from_args(
         grace_s=args.grace_s,
         torch_threads=args.torch_threads,
         metrics_port=args.metrics_port,
+        secret=secret,
     )
     engine = EngineConfig(
         model=args.model,
@@ -377,6 +416,7 @@ def configs_from_args(
         cache=CacheConfig(
             block_size=args.block_size,
             num_blocks=args.num_blocks,
+            kv_cache_dtype=args.kv_cache_dtype,
             enable_prefix_caching=not args.no_prefix_caching,
             **kv_tier_settings(args),
         ),
@@ -388,7 +428,10 @@ def configs_from_args(
     fault = None
     if args.fault_pause_after_blocks is not None:
         fault = FaultInjection(args.fault_pause_after_blocks, args.fault_pause_s)
-    transfer = TransferConfig(timeout_s=args.transfer_timeout_s, host=args.host, fault=fault)
+    auth_key = secret.kv_transfer_key() if secret is not None else None
+    transfer = TransferConfig(
+        timeout_s=args.transfer_timeout_s, host=args.host, fault=fault, auth_key=auth_key
+    )
     decode = DecodeConfig(args.reservation_timeout_s, args.transfer_timeout_s)
     return server, engine, transfer, decode
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from pdserve.bench.autoscale_sim.engine import Action, Simulation
@@ -48,13 +49,15 @@ def load_of(sim: Simulation, worker: Worker, now: float) -> tuple[int, int, floa
     return worker.running, len(worker.waiting), worker.kv_usage(sim.cost)
 
 
-def planner_limits(fixed: dict[str, int]) -> dict[str, PoolLimits]:
-    """Each pool up to twice its fixed-peak size; steps in the defaults' proportions
-    (``PoolLimits()``: up 2 and down 1 of at most 8 replicas)."""
+def planner_limits(fixed: dict[str, int], budget: float = 2.0) -> dict[str, PoolLimits]:
+    """Each pool up to ``budget`` × its fixed-peak size (a worker budget, as Dynamo's or an
+    HPA's maximum); steps in the defaults' proportions (``PoolLimits()``: up 2 and down 1 of
+    at most 8 replicas) of twice the fixed-peak size, whatever the budget."""
     limits = {}
     for role in POOLS:
-        most = 2 * fixed[role]
-        limits[role] = PoolLimits(1, most, max(2, most // 4), max(1, most // 8))
+        steps_of = 2 * fixed[role]
+        most = max(1, round(budget * fixed[role]))
+        limits[role] = PoolLimits(1, most, max(2, steps_of // 4), max(1, steps_of // 8))
     return limits
 
 
@@ -73,8 +76,16 @@ class PlannerAutoscaler:
         interval_s: float = 10.0,
         window_s: float = 10.0,
         load: str = "goodput",
+        target_utilization: float | None = None,
+        scale_down_sustain_s: float | None = None,
     ) -> None:
+        """``target_utilization``, ``scale_down_sustain_s``: the planner's operating point
+        (None: its defaults)."""
         config = PlannerConfig(prefill=limits["prefill"], decode=limits["decode"])
+        if target_utilization is not None:
+            config = dataclasses.replace(config, target_utilization=target_utilization)
+        if scale_down_sustain_s is not None:
+            config = dataclasses.replace(config, scale_down_sustain_s=scale_down_sustain_s)
         self.planner = Planner(config, profile)
         self.interval_s, self.window_s, self.load = interval_s, window_s, load
         self._output_mean = 0.0

@@ -22,6 +22,7 @@ from pdserve.bench.autoscale_sim.report import TARGET_TRACES
 from pdserve.bench.autoscale_sim.runner import (
     POLICIES,
     REFERENCES,
+    SWEEP,
     VARIANTS,
     Setup,
     make_setup,
@@ -45,8 +46,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--policies",
         default=None,
-        help=f"comma-separated, of {', '.join(POLICIES + VARIANTS + REFERENCES)}; default: the "
-        f"first four on every trace, the variants on {' and '.join(TARGET_TRACES)}",
+        help=f"comma-separated, of {', '.join(POLICIES + VARIANTS + REFERENCES)} and "
+        "planner:u=U[:b=B][:hold=S] (the planner at target utilization U, pools up to B x "
+        "the peak's, scale-in after S s of fitting fewer); "
+        f"default: the first four on every trace, the variants and --sweep on "
+        f"{' and '.join(TARGET_TRACES)}",
+    )
+    p.add_argument(
+        "--sweep",
+        default=",".join(point.key for point in SWEEP),
+        help="the planner's operating points run beside its defaults on "
+        f"{' and '.join(TARGET_TRACES)} when --policies is not given ('' for none; default "
+        "%(default)s)",
     )
     p.add_argument(
         "--distserve-workers",
@@ -103,10 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     traces = TRACES if args.trace == "all" else (args.trace,)
     chosen = [p.strip() for p in (args.policies or "").split(",") if p.strip()]
 
+    sweep = [p.strip() for p in args.sweep.split(",") if p.strip()]
+
     def policies(trace: str) -> list[str]:
         if chosen:
             return chosen
-        return [*POLICIES, *(VARIANTS if trace in TARGET_TRACES else ())]
+        return [*POLICIES, *((*VARIANTS, *sweep) if trace in TARGET_TRACES else ())]
 
     sizes = [int(n) for n in args.distserve_workers.split(",") if n.strip()]
     cost = decision_cost.measure(repeats=21 if args.quick else 201)  # before the load starts
@@ -165,7 +178,14 @@ def write(
     (args.out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
     if args.no_plots:
         return
+    swept = {r.policy for r in results if r.policy.startswith(report.PLANNER + " at ")}
     for trace in dict.fromkeys(r.trace for r in results):
-        plots.plot_trace([r for r in results if r.trace == trace], args.out / f"{trace}.png")
+        runs = [r for r in results if r.trace == trace and r.policy not in swept]
+        plots.plot_trace(
+            runs or [r for r in results if r.trace == trace], args.out / f"{trace}.png"
+        )
+    traces = [t for t in TARGET_TRACES if len(report.planner_runs(results, t)) > 1]
+    if traces:
+        plots.plot_frontier(results, traces, args.out / "frontier.png")
     if comparisons:
         plots.plot_distserve(comparisons, args.out / "distserve.png")

@@ -28,7 +28,7 @@ from pdserve.bench.autoscale_sim.flow import (
     TICK,
     RequestFlow,
 )
-from pdserve.bench.autoscale_sim.metrics import RunResult, minute_attainment
+from pdserve.bench.autoscale_sim.metrics import RunResult, by_minute
 from pdserve.bench.autoscale_sim.model import CostModel, Slo
 from pdserve.bench.autoscale_sim.traces import Trace
 from pdserve.bench.autoscale_sim.workers import (
@@ -196,6 +196,8 @@ class Simulation(RequestFlow):
         counted = slice(first, len(trace))
         arrivals = [t - trace.warmup_s for t in trace.arrivals[counted]]
         c = self.cluster
+        minutes = max(1, math.ceil(trace.duration_s / 60))
+        shares, missed = by_minute(arrivals, rec.good[counted], minutes)
         return RunResult(
             trace.name,
             self.autoscaler.name if self.autoscaler else "fixed",
@@ -211,9 +213,8 @@ class Simulation(RequestFlow):
             c.peak_by_role["prefill"],
             c.peak_by_role["decode"],
             self.series,
-            minute_attainment(
-                arrivals, rec.good[counted], max(1, math.ceil(trace.duration_s / 60))
-            ),
+            shares,
+            missed,
             self.decisions,
             1000.0 * self.decide_s / max(1, self.decisions),
             wall_s,

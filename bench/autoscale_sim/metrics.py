@@ -151,7 +151,8 @@ class Recorder:
 @dataclass(slots=True)
 class RunResult:
     """One (trace, policy) run. ``series``: (time, prefill, decode provisioned, prefill,
-    decode ready) every sample; ``minute_attainment``: by arrival minute; ``needed``:
+    decode ready) every sample; ``minute_attainment``, ``minute_missed`` (requests that
+    did not meet the SLO): by arrival minute; ``needed``:
     (time, prefill, decode) the pools the trace's rate needs at each sample."""
 
     trace: str
@@ -169,6 +170,7 @@ class RunResult:
     peak_decode: int
     series: list[tuple[float, int, int, int, int]]
     minute_attainment: list[float | None]
+    minute_missed: list[int]
     decisions: int
     decide_ms: float
     wall_s: float
@@ -179,12 +181,15 @@ class RunResult:
         return self.good / self.requests if self.requests else 1.0
 
 
-def minute_attainment(arrivals: list[float], good: bytearray, minutes: int) -> list[float | None]:
-    """Share of the requests arriving in each minute that met the SLO."""
+def by_minute(
+    arrivals: list[float], good: bytearray, minutes: int
+) -> tuple[list[float | None], list[int]]:
+    """Per arrival minute: the share of its requests that met the SLO, and how many did not."""
     total = [0] * minutes
     ok = [0] * minutes
     for t, g in zip(arrivals, good, strict=True):
         m = min(int(t // 60), minutes - 1)
         total[m] += 1
         ok[m] += g
-    return [o / n if n else None for o, n in zip(ok, total, strict=True)]
+    shares = [o / n if n else None for o, n in zip(ok, total, strict=True)]
+    return shares, [n - o for o, n in zip(ok, total, strict=True)]

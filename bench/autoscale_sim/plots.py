@@ -6,7 +6,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pdserve.bench.autoscale_sim.distserve import Comparison
+from pdserve.bench.autoscale_sim.frontier import pareto
 from pdserve.bench.autoscale_sim.metrics import RunResult
+from pdserve.bench.autoscale_sim.report import PLANNER, planner_runs
 
 STYLES = {  # (color, line style)
     "fixed (peak)": ("tab:gray", "-"),
@@ -49,6 +51,42 @@ def plot_trace(results: Sequence[RunResult], path: Path) -> None:
     prefill.set_title(f"{results[0].trace}: workers (starting, ready, draining) and SLO")
     for ax in (prefill, decode, slo):
         ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_frontier(results: Sequence[RunResult], traces: Sequence[str], path: Path) -> None:
+    """Per trace, SLO attainment against worker-hours: the planner's operating points (its
+    frontier as a line) and every other policy as a marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(traces), figsize=(6 * len(traces), 4.5), squeeze=False)
+    for ax, trace in zip(axes[0], traces, strict=True):
+        runs = planner_runs(results, trace)
+        front = pareto(runs)
+        ax.plot([r.worker_hours for r in front], [100 * r.attainment for r in front], "-",
+                color="tab:blue", lw=1, label="pdserve planner: frontier")  # fmt: skip
+        ax.plot([r.worker_hours for r in runs], [100 * r.attainment for r in runs], "o",
+                color="tab:blue", ms=4)  # fmt: skip
+        for r in runs:
+            label = r.policy.removeprefix("pdserve planner at ") if r.policy != PLANNER else "80%"
+            ax.annotate(label.replace(", pools ≤ ", "\n≤ "), (r.worker_hours, 100 * r.attainment),
+                        fontsize=6, xytext=(3, -9), textcoords="offset points")  # fmt: skip
+        names = {r.policy for r in runs}
+        for other in results:
+            if other.trace == trace and other.policy not in names:
+                color, _ = STYLES.get(other.policy, ("black", "-"))
+                ax.plot(other.worker_hours, 100 * other.attainment, "s", color=color,
+                        label=other.policy)  # fmt: skip
+        ax.set_title(f"{trace}: SLO attainment against worker-hours")
+        ax.set_xlabel("worker-hours")
+        ax.set_ylabel("SLO met (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -11,6 +11,7 @@ from pdserve.bench.autoscale_sim.baselines import (
     planner_limits,
 )
 from pdserve.bench.autoscale_sim.engine import Autoscaler, Simulation
+from pdserve.bench.autoscale_sim.frontier import OperatingPoint
 from pdserve.bench.autoscale_sim.metrics import RunResult
 from pdserve.bench.autoscale_sim.model import CostModel, Slo, capacity_profile
 from pdserve.bench.autoscale_sim.oracle import OracleAutoscaler
@@ -27,6 +28,17 @@ POLICIES = ("fixed", "planner", "reactive", "throughput")
 # Variants that answer a question about the main four (not run by default on every trace).
 VARIANTS = ("planner-arrivals", "throughput-headroom")
 REFERENCES = ("oracle",)  # run only when asked for (--policies)
+# The planner's operating points beside its defaults (target utilization 0.8, pools up to
+# twice the peak's), tracing its attainment against its worker-hours (frontier.py): down to
+# the reactive baseline's worker-hours on both target traces.
+SWEEP = (
+    OperatingPoint(0.9),
+    OperatingPoint(1.0),
+    OperatingPoint(1.0, budget=0.7),
+    OperatingPoint(1.0, budget=0.5),
+    OperatingPoint(1.0, budget=0.4),
+    OperatingPoint(1.0, budget=0.3),
+)
 POLICY_NAMES = {
     "fixed": "fixed (peak)",
     "planner": "pdserve planner",
@@ -71,9 +83,24 @@ def make_setup(
     return Setup(trace, cost, slo, fixed, {"prefill": p0, "decode": d0}, profile, seed)
 
 
+def policy_name(policy: str) -> str:
+    """The name a policy key has in tables and plots."""
+    point = OperatingPoint.parse(policy)
+    return point.name if point is not None else POLICY_NAMES[policy]
+
+
 def make_autoscaler(policy: str, setup: Setup) -> Autoscaler | None:
     if policy == "fixed":
         return None
+    point = OperatingPoint.parse(policy)
+    if point is not None:
+        limits = planner_limits(setup.fixed, point.budget)
+        return PlannerAutoscaler(
+            setup.profile,
+            limits,
+            target_utilization=point.target_utilization,
+            scale_down_sustain_s=point.hold_s,
+        )
     if policy in ("planner", "planner-arrivals"):
         load = "arrivals" if policy == "planner-arrivals" else "goodput"
         return PlannerAutoscaler(setup.profile, planner_limits(setup.fixed), load=load)
@@ -86,7 +113,10 @@ def make_autoscaler(policy: str, setup: Setup) -> Autoscaler | None:
     if policy == "oracle":
         warmup = setup.trace.warmup_s
         return OracleAutoscaler(lambda now: needed_series(setup, [now - warmup])[0][1:])
-    raise ValueError(f"policy must be one of {POLICIES + VARIANTS + REFERENCES}, got {policy!r}")
+    raise ValueError(
+        f"policy must be one of {POLICIES + VARIANTS + REFERENCES} or "
+        f"planner:u=U[:b=B][:hold=S], got {policy!r}"
+    )
 
 
 def run_policy(setup: Setup, policy: str) -> RunResult:
@@ -94,7 +124,7 @@ def run_policy(setup: Setup, policy: str) -> RunResult:
     pools = setup.fixed if autoscaler is None else setup.initial
     sim = Simulation(setup.trace, setup.cost, setup.slo, autoscaler, dict(pools), setup.seed)
     result = sim.run()
-    result.policy = POLICY_NAMES[policy]
+    result.policy = policy_name(policy)
     result.needed = needed_series(setup, [t for t, *_ in result.series])
     return result
 

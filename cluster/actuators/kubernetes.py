@@ -3,7 +3,7 @@ by writing the ``scale`` subresource of two Deployments (see ``pdserve.cluster.a
 
 ``KubernetesActuator`` talks to the API server through the official ``kubernetes`` client,
 imported only when an actuator is built (``KubernetesActuator.from_config``), never when this
-module is imported. It touches exactly two objects, the scale subresources (apps/v1
+module is imported. It scales through the scale subresources (apps/v1
 ``deployments/{name}/scale``) of the two Deployments named in its config, with two calls:
 ``read_namespaced_deployment_scale`` and ``replace_namespaced_deployment_scale``. A write
 carries the resourceVersion it read, so it never overwrites a change it has not seen (another
@@ -12,10 +12,18 @@ again and re-applies, at most ``max_attempts`` times with a short, growing, jitt
 then raises ``ScaleConflictError``. Any other refusal from the API server, or no answer at all,
 is a ``ScaleError`` naming the Deployment and the HTTP status.
 
+A scale-in removes the workers the planner chose (``remove``: locality, then load), in three
+steps: drain them (``WorkerDrain``: no new requests, running ones finish), give their pods
+the lowest ``controller.kubernetes.io/pod-deletion-cost`` (``kubernetes_pods.py``: only pods
+of that Deployment's selector, listed with ``list_namespaced_pod`` and patched with
+``patch_namespaced_pod``), and only then lower the replicas, so that the ReplicaSet
+controller deletes those pods. If a step fails, the drained workers are released.
+
 Credentials, in this order: ``host`` (a plain URL, no credentials: ``kubectl proxy`` or a test
 server), ``kubeconfig`` (a file, optionally a ``context``), else the pod's service account
 (in-cluster config). The service account needs ``get``, ``update`` on
-``deployments/scale`` in the namespace, nothing else.
+``deployments/scale`` and, for the choice on scale-in, ``list``, ``patch`` on ``pods`` in
+the namespace, nothing else.
 """
 
 from __future__ import annotations
@@ -23,27 +31,29 @@ from __future__ import annotations
 import json
 import logging
 import random
-import re
 import time
-from dataclasses import dataclass
-from types import ModuleType
+from collections.abc import Sequence
 from typing import Any
 
-from pdserve.cluster.actuators import POOLS
+from pdserve.cluster.actuators import WorkerDrain
+from pdserve.cluster.actuators.kubernetes_client import (
+    KubernetesActuatorConfig,
+    build_api_client,
+    load_kubernetes,
+)
+from pdserve.cluster.actuators.kubernetes_pods import (
+    WorkloadPods,
+    deletion_cost_patches,
+    selector_labels,
+)
 
 log = logging.getLogger("pdserve.autoscale.kubernetes")
-
-REQUIREMENT = "kubernetes>=31"
-
-# Kubernetes object names: a namespace is a DNS-1123 label, a Deployment a DNS-1123 subdomain.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
 _CONFLICT = 409
 
 
 class ScaleError(RuntimeError):
-    """The API server refused a read or a write of a scale subresource, or did not answer."""
+    """The API server refused a read or a write (of a scale subresource or, on scale-in, of
+    the Deployment's pods), or did not answer."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -54,99 +64,15 @@ class ScaleConflictError(ScaleError):
     """Every attempt of a write met 409 Conflict: another writer kept changing the object."""
 
 
-@dataclass(frozen=True, slots=True)
-class KubernetesActuatorConfig:
-    """Which two Deployments are the pools, and how to reach the API server."""
-
-    namespace: str
-    prefill_deployment: str
-    decode_deployment: str
-    # Credentials: host wins, then kubeconfig (with context), else the in-cluster service account.
-    kubeconfig: str | None = None
-    context: str | None = None
-    host: str | None = None  # e.g. "http://127.0.0.1:8001" (kubectl proxy); sends no credentials
-    max_attempts: int = 5  # writes per scale() before ScaleConflictError (409 Conflict each)
-    backoff_s: float = 0.05  # pause after the first conflict; doubles, jittered to [50%, 100%]
-    max_backoff_s: float = 1.0
-    request_timeout_s: float = 10.0
-    field_manager: str = "pdserve-autoscaler"
-
-    def __post_init__(self) -> None:
-        if not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:
-            raise ValueError(f"namespace must be a DNS-1123 label, got {self.namespace!r}")
-        for field_name in ("prefill_deployment", "decode_deployment"):
-            name = getattr(self, field_name)
-            if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
-                raise ValueError(f"{field_name} must be a Deployment name, got {name!r}")
-        if self.prefill_deployment == self.decode_deployment:
-            raise ValueError(
-                f"prefill and decode must be two Deployments, both are {self.prefill_deployment!r}"
-            )
-        if self.host is not None and self.kubeconfig is not None:
-            raise ValueError("give host or kubeconfig, not both")
-        if self.context is not None and self.kubeconfig is None:
-            raise ValueError("context needs kubeconfig")
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.backoff_s < 0 or self.max_backoff_s < 0:
-            raise ValueError("backoff_s and max_backoff_s must be >= 0")
-        if self.request_timeout_s <= 0:
-            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
-
-    @property
-    def deployments(self) -> dict[str, str]:
-        """Pool -> Deployment name."""
-        return {"prefill": self.prefill_deployment, "decode": self.decode_deployment}
-
-    def deployment(self, pool: str) -> str:
-        """The Deployment of ``pool``; ValueError naming the known pools for any other name."""
-        try:
-            return self.deployments[pool]
-        except (KeyError, TypeError):
-            raise ValueError(f"unknown pool {pool!r}; known pools: {list(POOLS)}") from None
-
-
-def load_kubernetes() -> ModuleType:
-    """The ``kubernetes`` package with ``client`` and ``config`` loaded; ImportError naming the
-    fix if it is not installed."""
-    try:
-        import kubernetes.client
-        import kubernetes.config
-    except ImportError as exc:
-        raise ImportError(
-            "the Kubernetes actuator needs the 'kubernetes' package "
-            f"(pip install '{REQUIREMENT}'); it failed to import ({exc})"
-        ) from exc
-    return kubernetes
-
-
-def build_api_client(config: KubernetesActuatorConfig) -> Any:
-    """A ``kubernetes.client.ApiClient`` for ``config``'s host, kubeconfig or service account."""
-    k8s = load_kubernetes()
-    configuration = k8s.client.Configuration()
-    if config.host is not None:
-        configuration.host = config.host
-    elif config.kubeconfig is not None:
-        k8s.config.load_kube_config(
-            config_file=config.kubeconfig,
-            context=config.context,
-            client_configuration=configuration,
-        )
-    else:
-        try:
-            k8s.config.load_incluster_config(client_configuration=configuration)
-        except k8s.config.ConfigException as exc:
-            raise RuntimeError(
-                f"no in-cluster Kubernetes config ({exc}); outside a pod, set kubeconfig or host"
-            ) from exc
-    return k8s.client.ApiClient(configuration)
-
-
 class KubernetesActuator:
     """An ``Actuator`` over the scale subresources of two Deployments (see the module doc)."""
 
-    def __init__(self, config: KubernetesActuatorConfig, api_client: Any) -> None:
-        """``api_client``: a ``kubernetes.client.ApiClient`` (``build_api_client``)."""
+    def __init__(
+        self, config: KubernetesActuatorConfig, api_client: Any, drain: WorkerDrain | None = None
+    ) -> None:
+        """``api_client``: a ``kubernetes.client.ApiClient`` (``build_api_client``);
+        ``drain``: how workers are drained before their pods go (None: not drained here;
+        the pod still drains itself on SIGTERM)."""
         k8s = load_kubernetes()
         import urllib3  # a dependency of kubernetes
 
@@ -154,13 +80,19 @@ class KubernetesActuator:
         self._client = k8s.client
         self._api_client = api_client
         self._apps = k8s.client.AppsV1Api(api_client)
+        self._pods = WorkloadPods(
+            k8s.client.CoreV1Api(api_client), config.namespace, config.request_timeout_s
+        )
+        self._drain = drain
         self._api_error: type[Exception] = k8s.client.ApiException
         self._transport_error: type[Exception] = urllib3.exceptions.HTTPError
 
     @classmethod
-    def from_config(cls, config: KubernetesActuatorConfig) -> KubernetesActuator:
+    def from_config(
+        cls, config: KubernetesActuatorConfig, drain: WorkerDrain | None = None
+    ) -> KubernetesActuator:
         """The actuator with its own API client; ImportError if ``kubernetes`` is missing."""
-        return cls(config, build_api_client(config))
+        return cls(config, build_api_client(config), drain)
 
     @property
     def config(self) -> KubernetesActuatorConfig:
@@ -170,12 +102,27 @@ class KubernetesActuator:
         name = self._config.deployment(pool)
         return _spec_replicas(self._read(pool, name))
 
-    def scale(self, pool: str, replicas: int) -> None:
+    def scale(self, pool: str, replicas: int, remove: Sequence[str] = ()) -> None:
+        """Set the pool's replicas; on scale-in, drain the workers in ``remove`` (cheapest
+        first) and mark their pods to go first, before the replicas drop."""
         name = self._config.deployment(pool)
         if not isinstance(replicas, int) or isinstance(replicas, bool):
             raise TypeError(f"replicas must be an int, got {replicas!r}")
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas} for pool {pool!r}")
+        drained: tuple[str, ...] = ()
+        if remove:
+            current = self._read(pool, name)
+            surplus = _spec_replicas(current) - replicas
+            if surplus > 0:
+                drained = self._mark_for_removal(pool, name, current, tuple(remove)[:surplus])
+        try:
+            self._write_scale(pool, name, replicas)
+        except ScaleError:
+            self._release(drained)
+            raise
+
+    def _write_scale(self, pool: str, name: str, replicas: int) -> None:
         namespace = self._config.namespace
         attempts = self._config.max_attempts
         for attempt in range(1, attempts + 1):
@@ -205,7 +152,7 @@ class KubernetesActuator:
             except self._api_error as exc:
                 status = getattr(exc, "status", None)
                 if status != _CONFLICT:
-                    raise self._failure("writing", pool, name, exc) from exc
+                    raise self._failure("writing the scale of", pool, name, exc) from exc
                 if attempt == attempts:
                     raise ScaleConflictError(
                         f"scaling pool {pool!r} (deployment {namespace}/{name}) to {replicas} "
@@ -226,7 +173,7 @@ class KubernetesActuator:
                 time.sleep(pause)
                 continue
             except self._transport_error as exc:
-                raise self._failure("writing", pool, name, exc) from exc
+                raise self._failure("writing the scale of", pool, name, exc) from exc
             log.info(
                 "scaled pool %s (deployment %s/%s): %d -> %d replicas",
                 pool,
@@ -236,6 +183,46 @@ class KubernetesActuator:
                 replicas,
             )
             return
+
+    def _mark_for_removal(
+        self, pool: str, name: str, scale: Any, remove: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        """Drain the workers of ``remove`` that are pods of this Deployment and give those
+        pods the lowest deletion cost; returns the workers drained."""
+        labels = selector_labels(getattr(scale.status, "selector", None))
+        if labels is None:
+            log.warning(
+                "pool %s (deployment %s): its selector %r is not key=value terms; the "
+                "ReplicaSet controller picks the pods to remove",
+                pool,
+                name,
+                getattr(scale.status, "selector", None),
+            )
+            return ()
+        try:
+            pods = self._pods.matching(labels)
+        except (self._api_error, self._transport_error) as exc:
+            raise self._failure("listing the pods of", pool, name, exc) from exc
+        names = {p.name for p in pods}
+        chosen = tuple(w for w in remove if w in names)
+        if len(chosen) < len(remove):
+            log.info("pool %s: no pod of deployment %s is named %s (still starting?); the "
+                     "controller picks instead", pool, name,
+                     [w for w in remove if w not in names])  # fmt: skip
+        if self._drain is not None and chosen:
+            self._drain.drain(chosen)
+        try:
+            for pod_name, cost in deletion_cost_patches(pods, chosen).items():
+                self._pods.set_deletion_cost(pod_name, cost)
+        except (self._api_error, self._transport_error) as exc:
+            self._release(chosen)
+            raise self._failure("annotating the pods of", pool, name, exc) from exc
+        log.info("pool %s: pods %s drained and marked to go first", pool, list(chosen))
+        return chosen
+
+    def _release(self, drained: tuple[str, ...]) -> None:
+        if self._drain is not None and drained:
+            self._drain.release(drained)
 
     def close(self) -> None:
         """Close the API client's connections."""
@@ -255,7 +242,7 @@ class KubernetesActuator:
                 name, self._config.namespace, _request_timeout=self._config.request_timeout_s
             )
         except (self._api_error, self._transport_error) as exc:
-            raise self._failure("reading", pool, name, exc) from exc
+            raise self._failure("reading the scale of", pool, name, exc) from exc
 
     def _backoff(self, attempt: int) -> float:
         pause = min(self._config.backoff_s * 2 ** (attempt - 1), self._config.max_backoff_s)
@@ -265,12 +252,11 @@ class KubernetesActuator:
         where = f"deployment {self._config.namespace}/{name} (pool {pool!r})"
         status = getattr(exc, "status", None) if isinstance(exc, self._api_error) else None
         if status is None:
-            return ScaleError(f"{doing} the scale of {where}: no answer from the API server: {exc}")
+            return ScaleError(f"{doing} {where}: no answer from the API server: {exc}")
         reason = getattr(exc, "reason", None) or ""
         detail = _status_message(getattr(exc, "body", None))
         return ScaleError(
-            f"{doing} the scale of {where}: HTTP {status} {reason}".rstrip()
-            + (f": {detail}" if detail else ""),
+            f"{doing} {where}: HTTP {status} {reason}".rstrip() + (f": {detail}" if detail else ""),
             status,
         )
 

@@ -8,6 +8,7 @@ until the pool matches.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from pdserve.cluster.actuators import check_pool, check_scale
 from pdserve.cluster.pool_control import PoolTargetStore
@@ -27,7 +28,9 @@ class PoolTargetActuator:
         self._targets = self._store.read(self._targets)
         return self._targets.of(check_pool(pool))
 
-    def scale(self, pool: str, replicas: int) -> None:
+    def scale(self, pool: str, replicas: int, remove: Sequence[str] = ()) -> None:
+        # ``remove`` is not needed: the pool drains by the same costs from its own members
+        # (pool_manager.plan_scale, with the locality index's unique blocks and the load).
         current = self._store.read(self._targets)
         self._targets = self._store.set(check_scale(pool, replicas), replicas, current)
         log.info("%s pool target %d -> %d", pool, current.of(pool), replicas)

@@ -1,7 +1,8 @@
 """The attention backend interface and the per-step metadata the runner builds once.
 
-The KV pool is one tensor ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``
-(2 = K then V). Position ``p`` of a sequence lives in block ``block_table[p // block_size]``
+The KV pool is one tensor ``[num_blocks, num_layers, 2, block_size, num_kv_heads, row]``
+(2 = K then V; a row is ``head_dim`` values, or in an int8 pool int8 values and their scale:
+``kv_format.py``). Position ``p`` of a sequence lives in block ``block_table[p // block_size]``
 at offset ``p % block_size``; its *slot* is ``block * block_size + offset``::
 
     block_table = (7, 2)            block_size = 4, context of 6 tokens
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+from pdserve.engine.attention.kv_format import kv_format_of
 
 if TYPE_CHECKING:
     from pdserve.engine.attention.native import BoundDecode
@@ -94,11 +97,11 @@ class AttentionBackend(Protocol):
         ...
 
     def bind_native_decode(
-        self, attn: AttentionMetadata, kv_cache: torch.Tensor, num_heads: int
+        self, attn: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype, num_heads: int
     ) -> BoundDecode | None:
         """For a step of decode tokens only, on a backend whose C kernel stores and attends:
-        its calls on addresses (``engine/model/native_step.py`` runs the layers on them);
-        else None (the model's modules call :meth:`forward`)."""
+        its calls on addresses (``engine/model/native_step.py`` runs the layers on them, in
+        ``dtype``); else None (the model's modules call :meth:`forward`)."""
         ...
 
 
@@ -236,9 +239,11 @@ def pool_write_rows(slots: torch.Tensor, block_size: int, num_layers: int) -> to
 def write_kv(
     kv_cache: torch.Tensor, layer_idx: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
-    """Store this step's K/V (``[T, kv_heads, head_dim]`` each) at precomputed pool rows."""
-    block_size, kv_heads, head_dim = kv_cache.shape[3:]
-    write_view = kv_cache.view(-1, kv_heads, head_dim)
+    """Store this step's K/V (``[T, kv_heads, head_dim]`` each) at precomputed pool rows, in
+    the pool's format (an int8 pool quantizes them: ``kv_format.py``)."""
+    block_size, kv_heads, row = kv_cache.shape[3:]
+    kv_format = kv_format_of(kv_cache)
+    write_view = kv_cache.view(-1, kv_heads, row)
     layer_rows = rows + layer_idx * 2 * block_size  # [2, T]
-    write_view.index_copy_(0, layer_rows[0], k)
-    write_view.index_copy_(0, layer_rows[1], v)
+    write_view.index_copy_(0, layer_rows[0], kv_format.to_rows(k))
+    write_view.index_copy_(0, layer_rows[1], kv_format.to_rows(v))

@@ -30,6 +30,10 @@ has no AMX; otherwise with torch's flash kernel, where a chunk starting at posit
 to its own fresh K/V with ``is_causal`` (no gather) and a later chunk gathers only the cached
 prefix and merges two unmasked calls (``cpu_prefill.py``). With AMX, bf16 keeps torch's
 kernel: it runs bf16 on AMX tiles, faster than our kernel's fp32 arithmetic.
+
+Over an int8 pool (``kv_format.py``) the store quantizes the step's K/V, both native kernels
+read the int8 rows and their scales in place, and the torch paths dequantize what they gather
+and attend a chunk's own K/V as the pool stored them, as the kernels do.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from pdserve.engine.attention.cpu_plan import (
     plan_prefills,
 )
 from pdserve.engine.attention.cpu_prefill import attend_after_prefix, attend_fresh, attend_tree
+from pdserve.engine.attention.kv_format import KVFormat, kv_format_of
 from pdserve.engine.attention.native import BoundDecode, PagedDecodeKernel, load_paged_decode
 from pdserve.engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
 
@@ -111,7 +116,7 @@ class CpuAttentionBackend:
         return step_metadata(layout, block_size, num_layers, device, self, data)
 
     def bind_native_decode(
-        self, attn: AttentionMetadata, kv_cache: torch.Tensor, num_heads: int
+        self, attn: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype, num_heads: int
     ) -> BoundDecode | None:
         """The native kernels' calls for a step of decode tokens (rows in the plan's order:
         ``q_rows``) and token trees (the prefill kernel by ancestry): None when the step has
@@ -125,17 +130,17 @@ class CpuAttentionBackend:
         trees = [c for c in data.prefills if c.tree_ancestors is not None]
         if len(trees) < len(data.prefills) or (trees and prefill is None):
             return None  # prefill chunks in the step, or trees without the prefill kernel
-        if trees and not (prefill is not None and prefill.preferred_for(kv_cache)):
+        if trees and not (prefill is not None and prefill.preferred_for(dtype, kv_cache)):
             return None
         if plan is not None:
             assert plan.max_block_id < kv_cache.shape[0], (
                 f"block {plan.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
             )
             bound = self._kernel.bind(
-                kv_cache, num_heads, plan.tables, plan.lens, plan.q_rows, attn.write_rows
+                kv_cache, dtype, num_heads, plan.tables, plan.lens, plan.q_rows, attn.write_rows
             )
         else:
-            bound = self._kernel.bind(kv_cache, num_heads, write_rows=attn.write_rows)
+            bound = self._kernel.bind(kv_cache, dtype, num_heads, write_rows=attn.write_rows)
         if not trees:
             return bound
         assert prefill is not None
@@ -143,7 +148,7 @@ class CpuAttentionBackend:
             assert chunk.max_block_id < kv_cache.shape[0], "tree block outside the pool"
         more = tuple(
             prefill.bind_tree(
-                kv_cache, num_heads, c.token_start, c.prefix_len, c.table, c.tree_ancestors
+                kv_cache, dtype, num_heads, c.token_start, c.prefix_len, c.table, c.tree_ancestors
             )
             for c in trees
             if c.tree_ancestors is not None
@@ -157,7 +162,7 @@ class CpuAttentionBackend:
         q: torch.Tensor,  # [T, H, D]
         k: torch.Tensor,  # [T, KVH, D]
         v: torch.Tensor,  # [T, KVH, D]
-        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D]
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, row]
         attn: AttentionMetadata,
     ) -> torch.Tensor:
         data = attn.backend_data
@@ -166,17 +171,17 @@ class CpuAttentionBackend:
             self._kernel.store_kv(kv_cache, layer_idx, attn.write_rows, k, v)
         else:
             write_kv(kv_cache, layer_idx, attn.write_rows, k, v)
-        block_size, kv_heads, head_dim = kv_cache.shape[3:]
-        gather_view = kv_cache.view(-1, block_size, kv_heads, head_dim)
-        row_offset = 2 * layer_idx
+        block_size, kv_heads, row = kv_cache.shape[3:]
+        gather_rows = kv_cache.view(-1, block_size, kv_heads, row)
+        gather_view = _GatherView(gather_rows, layer_idx, kv_format_of(kv_cache))
         decode = data.decode
         if isinstance(decode, DecodePlan) and not data.prefills and decode.token_rows is None:
-            return self._decode(q, gather_view, decode, row_offset)  # [B, H * D]
-        out = q.new_empty(q.shape[0], q.shape[1] * head_dim)  # [T, H * D]
+            return self._decode(q, gather_view, decode)  # [B, H * D]
+        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])  # [T, H * D]
         if isinstance(decode, NativeDecodePlan):
             self._native_decode(q, kv_cache, decode, layer_idx, out)
         elif decode is not None:
-            decoded = self._decode(q, gather_view, decode, row_offset)
+            decoded = self._decode(q, gather_view, decode)
             if decode.token_rows is None:
                 out[: decode.num_seqs] = decoded
             else:
@@ -184,7 +189,7 @@ class CpuAttentionBackend:
         for chunk in data.prefills:
             span = slice(chunk.token_start, chunk.token_end)
             kernel = self._prefill_kernel
-            if kernel is not None and kernel.preferred_for(q):
+            if kernel is not None and kernel.preferred_for(q.dtype, kv_cache):
                 assert chunk.max_block_id < kv_cache.shape[0], (
                     f"block {chunk.max_block_id} outside the pool of {kv_cache.shape[0]} blocks"
                 )
@@ -198,7 +203,7 @@ class CpuAttentionBackend:
                     chunk.tree_ancestors,
                 )
             else:
-                out[span] = self._prefill(q[span], k[span], v[span], gather_view, chunk, row_offset)
+                out[span] = self._prefill(q[span], k[span], v[span], gather_view, chunk)
         return out
 
     def _native_decode(
@@ -215,40 +220,40 @@ class CpuAttentionBackend:
         )
         self._kernel(q, kv_cache, plan.tables, plan.lens, plan.q_rows, layer_idx, out)
 
-    def _gather(self, gather_view: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``gather_view[rows]`` into the reused scratch buffer: ``[len(rows), bs, KVH, D]``."""
+    def _gather(self, view: _GatherView, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The pool rows of layer-0 block rows ``rows`` in ``view``'s layer, as values in
+        ``dtype``: ``[len(rows), bs, KVH, D]``. Gathered into the reused scratch buffer (an
+        int8 pool's rows are dequantized from there)."""
+        pool_rows = view.rows
         n = rows.shape[0]
         scratch = self._scratch
         if (
             scratch is None
             or scratch.shape[0] < n
-            or scratch.shape[1:] != gather_view.shape[1:]
-            or scratch.dtype != gather_view.dtype
+            or scratch.shape[1:] != pool_rows.shape[1:]
+            or scratch.dtype != pool_rows.dtype
         ):
-            scratch = gather_view.new_empty(max(n, 1024), *gather_view.shape[1:])
+            scratch = pool_rows.new_empty(max(n, 1024), *pool_rows.shape[1:])
             self._scratch = scratch
-        return torch.index_select(gather_view, 0, rows, out=scratch[:n])
+        gathered = torch.index_select(pool_rows, 0, rows + view.row_offset, out=scratch[:n])
+        return view.kv_format.from_rows(gathered, dtype)
 
-    def _decode(
-        self, q: torch.Tensor, gather_view: torch.Tensor, plan: DecodePlan, row_offset: int
-    ) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, view: _GatherView, plan: DecodePlan) -> torch.Tensor:
         # q: [T, H, D] -> the decode rows, in group order: [B, H, D]
         q = q[: plan.num_seqs] if plan.token_rows is None else q.index_select(0, plan.token_rows)
         outs, first = [], 0
         for group in plan.groups:
             group_q = q[first : first + group.num_seqs]
-            outs.append(self._decode_group(group_q, gather_view, group, row_offset))
+            outs.append(self._decode_group(group_q, view, group))
             first += group.num_seqs
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def _decode_group(
-        self, q: torch.Tensor, gather_view: torch.Tensor, group: DecodeGroup, row_offset: int
-    ) -> torch.Tensor:
+    def _decode_group(self, q: torch.Tensor, view: _GatherView, group: DecodeGroup) -> torch.Tensor:
         # The G query heads sharing a KV head act as G queries of that head:
         # q [n, H, D] -> [n, KVH, G, D], so K/V are never repeated.
         num_seqs, num_heads, head_dim = q.shape
-        kv_heads = gather_view.shape[2]
-        kv = self._gather(gather_view, group.gather_rows + row_offset)
+        kv_heads = view.rows.shape[2]
+        kv = self._gather(view, group.gather_rows, q.dtype)
         kv = kv.view(num_seqs, 2, group.width_tokens, kv_heads, head_dim)
         if group.context_len is not None:
             kv = kv[:, :, : group.context_len]
@@ -265,15 +270,17 @@ class CpuAttentionBackend:
         q: torch.Tensor,  # [n, H, D], this chunk's rows
         k: torch.Tensor,  # [n, KVH, D]
         v: torch.Tensor,
-        gather_view: torch.Tensor,
+        view: _GatherView,
         chunk: PrefillPlan,
-        row_offset: int,
     ) -> torch.Tensor:
+        # The chunk's own K/V as the pool holds them, so an int8 pool reads alike here and in
+        # the native kernels.
+        k, v = view.kv_format.as_stored(k), view.kv_format.as_stored(v)
         prefix = None
         if chunk.gather_rows is not None:
-            kv_heads, head_dim = gather_view.shape[2], gather_view.shape[3]
-            kv = self._gather(gather_view, chunk.gather_rows + row_offset)
-            # [2 * blocks, bs, KVH, D] -> [2, KVH, prefix_len, D] (a view of the scratch)
+            kv_heads, head_dim = k.shape[1], k.shape[2]
+            kv = self._gather(view, chunk.gather_rows, q.dtype)
+            # [2 * blocks, bs, KVH, D] -> [2, KVH, prefix_len, D]
             kv = kv.view(2, -1, kv_heads, head_dim)[:, : chunk.prefix_len].transpose(1, 2)
             prefix = (kv[0], kv[1])
         if chunk.tree_mask is not None:
@@ -281,6 +288,21 @@ class CpuAttentionBackend:
         if prefix is None:
             return attend_fresh(q, k, v)
         return attend_after_prefix(q, k, v, *prefix)
+
+
+@dataclass(slots=True, frozen=True)
+class _GatherView:
+    """The pool as gather rows ``[num_blocks * L * 2, block_size, KVH, row]`` (see the module
+    docstring), read for one layer, and the format of its rows."""
+
+    rows: torch.Tensor
+    layer_idx: int
+    kv_format: KVFormat
+
+    @property
+    def row_offset(self) -> int:
+        """What layer ``layer_idx`` adds to a layer-0 gather row."""
+        return 2 * self.layer_idx
 
 
 def _attend_unmasked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -86,7 +86,7 @@ class FlashAttnBackend:
         return step_metadata(layout, block_size, num_layers, device, self, data)
 
     def bind_native_decode(
-        self, attn: AttentionMetadata, kv_cache: torch.Tensor, num_heads: int
+        self, attn: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype, num_heads: int
     ) -> None:
         return None  # no C kernel here: the model's modules call forward
 
@@ -101,6 +101,12 @@ class FlashAttnBackend:
     ) -> torch.Tensor:
         data = attn.backend_data
         assert isinstance(data, _CudaStepData), f"metadata built by {attn.backend.name}"
+        if kv_cache.dtype == torch.int8:
+            raise ValueError(
+                "attention backend 'flash_attn' reads K/V in the model's dtype and has no "
+                "int8 pool path; use kv_cache_dtype 'auto' on CUDA (int8 pools run on the cpu "
+                "backends)"
+            )
         write_kv(kv_cache, layer_idx, attn.write_rows, k, v)
         if data.block_table is not None:
             keys, values = kv_cache[:, layer_idx, 0], kv_cache[:, layer_idx, 1]

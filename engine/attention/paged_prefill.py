@@ -1,5 +1,5 @@
-"""The native fp32/bf16 paged prefill kernel (``paged_prefill.c``): built at first use, called
-via ctypes.
+"""The native paged prefill kernel (``paged_prefill.c``): fp32 or bf16 queries over a pool of
+their dtype or of int8 rows; built at first use, called via ctypes.
 
 Without a compiler (or on a failed build) the loader returns None with the reason logged,
 and the CPU backend keeps torch's flash kernel for prefill chunks (``cpu_prefill.py``), as it
@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from pdserve.engine.attention.kv_format import BFLOAT16, FLOAT32, kv_format_of
 from pdserve.engine.native_build import BASE_CFLAGS, CSRC, cpu_flags, load_library
 
 SOURCE = CSRC / "paged_prefill.c"
@@ -25,8 +26,9 @@ _ARGTYPES: list[type[ctypes._SimpleCData[Any]]] = [
     _PTR, _I64, _I64, _I64, _PTR,  # q, q_row_stride, n, start, ancestors (NULL: causal)
     _PTR, _PTR, _PTR, _I64,  # pool, table, out, out_row_stride
     _I64, _I64, _I64, _I64, _I64, _I64,  # heads, kv_heads, head_dim, layers, block_size, layer
-    ctypes.c_int, ctypes.c_int,  # bf16, num_threads
+    ctypes.c_int, ctypes.c_int, ctypes.c_int,  # dtype, kv_format, num_threads
 ]  # fmt: skip
+_DTYPE_CODES = {torch.float32: FLOAT32.kernel_code, torch.bfloat16: BFLOAT16.kernel_code}
 
 
 # Rows of a token tree the kernel takes (a row's ancestors are bits of one uint64).
@@ -43,22 +45,29 @@ class PagedPrefillKernel:
         self._fn.restype = ctypes.c_int
 
     @staticmethod
-    def handles(q: torch.Tensor) -> bool:
-        """fp32 queries, or bf16 ones where the CPU has AVX-512 BF16 (the kernel's bf16 path
-        is vdpbf16ps), with a head_dim the kernel's 8-wide output tiles divide."""
-        bf16_here = q.dtype == torch.bfloat16 and "avx512_bf16" in cpu_flags()
-        return (q.dtype == torch.float32 or bf16_here) and q.shape[-1] % 8 == 0
+    def handles(dtype: torch.dtype, kv_cache: torch.Tensor) -> bool:
+        """fp32 or bf16 queries (``dtype``) over an int8 pool or one of their dtype (a bf16
+        one where the CPU has AVX-512 BF16: the kernel's bf16 path is vdpbf16ps), with a
+        head_dim the kernel's 8-wide output tiles divide."""
+        if dtype not in _DTYPE_CODES or kv_cache.dtype not in (dtype, torch.int8):
+            return False
+        bf16_pool = kv_cache.dtype == torch.bfloat16
+        head_dim = kv_format_of(kv_cache).head_dim(kv_cache)
+        return (not bf16_pool or "avx512_bf16" in cpu_flags()) and head_dim % 8 == 0
 
     @classmethod
-    def preferred_for(cls, q: torch.Tensor) -> bool:
+    def preferred_for(cls, dtype: torch.dtype, kv_cache: torch.Tensor) -> bool:
         """Whether to run this kernel rather than torch's flash kernel: for what it handles,
-        except bf16 on a CPU with AMX, where torch's kernel runs bf16 on AMX tiles (at 512
-        tokens 0.91 ms against this kernel's fp32 arithmetic in 1.48 ms, Sapphire Rapids)."""
-        return cls.handles(q) and (q.dtype == torch.float32 or "amx_bf16" not in cpu_flags())
+        except a bf16 pool on a CPU with AMX, where torch's kernel runs bf16 on AMX tiles (at
+        512 tokens 0.91 ms against this kernel's fp32 arithmetic in 1.48 ms, Sapphire
+        Rapids). An int8 pool takes this kernel: torch's would first dequantize a gather."""
+        amx_wins = kv_cache.dtype == torch.bfloat16 and "amx_bf16" in cpu_flags()
+        return cls.handles(dtype, kv_cache) and not amx_wins
 
     def bind_tree(
         self,
-        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D], contiguous
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, row], contiguous
+        dtype: torch.dtype,  # of the step's q and out
         num_heads: int,
         first_row: int,  # the tree chunk's first row in the step's q and out
         start: int,
@@ -68,14 +77,16 @@ class PagedPrefillKernel:
         """A tree chunk's attention on addresses: ``(layer, q, q_row_stride, out,
         out_row_stride)`` of the whole step, for the native step (``native_step.py``)."""
         n = ancestors.shape[0]
-        _, num_layers, _, block_size, kv_heads, head_dim = kv_cache.shape
-        assert kv_cache.is_contiguous() and kv_cache.dtype in (torch.float32, torch.bfloat16)
+        _, num_layers, _, block_size, kv_heads, _ = kv_cache.shape
+        kv_format = kv_format_of(kv_cache)
+        head_dim = kv_format.head_dim(kv_cache)
+        assert kv_cache.is_contiguous() and kv_cache.dtype in (dtype, torch.int8), "pool"
         assert table.dtype == torch.int32 and table.is_contiguous(), "table not dense int32"
         assert table.shape[0] * block_size >= start + n, "table shorter than the chunk's end"
         assert ancestors.dtype == torch.int64 and ancestors.is_contiguous(), "not dense int64"
         assert n <= MAX_TREE_ROWS, f"{n} rows"
-        element = kv_cache.element_size()
-        bf16 = int(kv_cache.dtype == torch.bfloat16)
+        element = dtype.itemsize  # of q and out, whose addresses are offset here
+        codes = (_DTYPE_CODES[dtype], kv_format.kernel_code)
         pool, table_at, tree_at = kv_cache.data_ptr(), table.data_ptr(), ancestors.data_ptr()
         threads = torch.get_num_threads()
 
@@ -83,7 +94,7 @@ class PagedPrefillKernel:
             status = self._fn(
                 q + first_row * q_stride * element, q_stride, n, start, tree_at, pool, table_at,
                 out + first_row * out_stride * element, out_stride, num_heads, kv_heads,
-                head_dim, num_layers, block_size, layer, bf16, threads,
+                head_dim, num_layers, block_size, layer, *codes, threads,
             )  # fmt: skip
             if status != 0:
                 raise MemoryError(f"paged prefill kernel failed on a tree (status {status})")
@@ -93,7 +104,7 @@ class PagedPrefillKernel:
     def __call__(
         self,
         q: torch.Tensor,  # [n, H, D] fp32 or bf16; rows may be strided (a view into the qkv)
-        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D], contiguous
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, row], contiguous
         table: torch.Tensor,  # [W] int32: the sequence's blocks, covering start + n positions
         start: int,  # position of the chunk's first token
         layer_idx: int,
@@ -102,9 +113,10 @@ class PagedPrefillKernel:
     ) -> None:
         n, num_heads, head_dim = q.shape
         num_layers, block_size, kv_heads = kv_cache.shape[1], kv_cache.shape[3], kv_cache.shape[4]
+        kv_format = kv_format_of(kv_cache)
         # The C side trusts every pointer and stride it gets: check them here.
-        assert self.handles(q), f"q {q.dtype} with head_dim {head_dim}: see handles()"
-        assert q.dtype == kv_cache.dtype == out.dtype, f"{q.dtype}, {kv_cache.dtype}, {out.dtype}"
+        assert self.handles(q.dtype, kv_cache), f"q {q.dtype}, pool {kv_cache.dtype}"
+        assert q.dtype == out.dtype and head_dim == kv_format.head_dim(kv_cache), "q, out"
         assert q.stride(2) == 1 and q.stride(1) == head_dim, f"q strides {q.stride()}"
         assert out.shape == (n, num_heads * head_dim) and out.stride(1) == 1, "out not [n, H*D]"
         assert kv_cache.is_contiguous() and num_heads % kv_heads == 0, "pool not dense / GQA"
@@ -118,9 +130,10 @@ class PagedPrefillKernel:
         status = self._fn(
             q.data_ptr(), q.stride(0), n, start, tree, kv_cache.data_ptr(), table.data_ptr(),
             out.data_ptr(), out.stride(0), num_heads, kv_heads, head_dim, num_layers,
-            block_size, layer_idx, int(q.dtype == torch.bfloat16), torch.get_num_threads(),
+            block_size, layer_idx, _DTYPE_CODES[q.dtype], kv_format.kernel_code,
+            torch.get_num_threads(),
         )  # fmt: skip
-        assert status != -2, "bf16 prefill in a build without AVX-512 BF16: see handles()"
+        assert status != -2, "a bf16 pool in a build without AVX-512 BF16: see handles()"
         if status != 0:
             raise MemoryError(f"paged prefill kernel could not allocate scratch (status {status})")
 

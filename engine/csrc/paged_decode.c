@@ -6,7 +6,10 @@
  * about twice the bytes the attention itself needs; decode steps are bound by exactly those
  * bytes. Here every K/V row is read once, straight from its block.
  *
- * Pool layout (the project-wide contract): see pool_geometry.h.
+ * Pool layout (the project-wide contract): see pool_geometry.h. Queries and outputs are fp32 or
+ * bf16; the pool holds the same dtype, or int8 rows with a scale each (an int8 pool, read by
+ * the portable code: each score is the dot product with the int8 values times the key row's
+ * scale, and each V row's weight is multiplied by its scale).
  *
  * Work is split over sequences (or (sequence, kv head) pairs when there are under two
  * sequences per thread). One item walks its block table once, prefetching the next block
@@ -26,8 +29,6 @@
 #include "bf16.h"
 #include "exp_poly.h"
 #include "pool_geometry.h"
-
-enum { PD_FLOAT32 = 0, PD_BFLOAT16 = 1 };
 
 /* Fold one block's n scores of a query row into its running softmax: scores become
  * exp(score - m) (the weights of the block's V rows); the max m, the sum l and the weighted
@@ -75,7 +76,8 @@ static inline void prefetch_run(const void *start, int64_t run_bytes, int into_l
      : (after)              ? (after)                                                          \
                             : (this_block))
 
-/* The per-sequence work for element type ELEM (LOAD converts one element to float), as
+/* The per-sequence work for element type ELEM (LOAD converts one element to float; ROW_SCALE
+ * gives the scale of a kv head's row, 1 unless the pool is int8), as
  * three functions: NAME##_scores and NAME##_values handle the n positions of one block for
  * the kv heads [h0, h0 + nh) (rows = nh * G query heads), NAME runs them over a table.
  *
@@ -88,25 +90,26 @@ static inline void prefetch_run(const void *start, int64_t run_bytes, int into_l
  * q: rows query vectors (pre-scaled, float); acc: rows * D outputs (float); scores, m, l:
  * rows * block_size, rows and rows floats of scratch; after: where the thread reads next
  * (the next item's first block, prefetched during the last one), or NULL. */
-#define DEFINE_SEQ(NAME, ELEM, LOAD, HEAD_DIM)                                                 \
+#define DEFINE_SEQ(NAME, ELEM, LOAD, HEAD_DIM, ROW_SCALE)                                      \
     /* scores[r * BS + t] = q[r] . K[t] for this block; prefetches the next block's rows */    \
     static inline void NAME##_scores(const Geometry *geo, const ELEM *k_block,                 \
                                      const ELEM *k_next, int64_t n, int64_t nh,                \
                                      const float *q, float *scores) {                          \
         const int64_t D = HEAD_DIM, BS = geo->block_size, TS = geo->token_stride;              \
-        const int64_t G = geo->num_heads / geo->num_kv_heads;                                  \
-        const int64_t run_bytes = nh * D * (int64_t)sizeof(ELEM);                              \
+        const int64_t G = geo->num_heads / geo->num_kv_heads, HS = geo->head_stride;           \
+        const int64_t run_bytes = nh * HS * (int64_t)sizeof(ELEM);                             \
         for (int64_t t = 0; t < n; ++t) {                                                      \
             prefetch_run(k_next + t * TS, run_bytes, 1);                                       \
             prefetch_run(k_next + geo->kv_stride + t * TS, run_bytes, 1);                      \
             for (int64_t h = 0; h < nh; ++h) {                                                 \
-                const ELEM *k = k_block + t * TS + h * D;                                      \
+                const ELEM *k = k_block + t * TS + h * HS;                                     \
+                const float k_scale = ROW_SCALE(k, D);                                         \
                 for (int64_t r = h * G; r < (h + 1) * G; ++r) {                                \
                     const float *qr = q + r * D;                                               \
                     float dot = 0.0f;                                                          \
                     _Pragma("omp simd reduction(+ : dot)") for (int64_t d = 0; d < D; ++d)     \
                         dot += qr[d] * LOAD(k[d]);                                             \
-                    scores[r * BS + t] = dot;                                                  \
+                    scores[r * BS + t] = dot * k_scale;                                        \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
@@ -115,12 +118,13 @@ static inline void prefetch_run(const void *start, int64_t run_bytes, int into_l
     static inline void NAME##_values(const Geometry *geo, const ELEM *v_block, int64_t n,      \
                                      int64_t nh, const float *weights, float *acc) {           \
         const int64_t D = HEAD_DIM, BS = geo->block_size, TS = geo->token_stride;              \
-        const int64_t G = geo->num_heads / geo->num_kv_heads;                                  \
+        const int64_t G = geo->num_heads / geo->num_kv_heads, HS = geo->head_stride;           \
         for (int64_t t = 0; t < n; ++t) {                                                      \
             for (int64_t h = 0; h < nh; ++h) {                                                 \
-                const ELEM *v = v_block + t * TS + h * D;                                      \
+                const ELEM *v = v_block + t * TS + h * HS;                                     \
+                const float v_scale = ROW_SCALE(v, D);                                         \
                 for (int64_t r = h * G; r < (h + 1) * G; ++r) {                                \
-                    const float p = weights[r * BS + t];                                       \
+                    const float p = weights[r * BS + t] * v_scale;                             \
                     float *a = acc + r * D;                                                    \
                     _Pragma("omp simd") for (int64_t d = 0; d < D; ++d) a[d] += p * LOAD(v[d]); \
                 }                                                                              \
@@ -133,7 +137,7 @@ static inline void prefetch_run(const void *start, int64_t run_bytes, int into_l
         const int64_t D = HEAD_DIM, BS = geo->block_size;                                      \
         const int64_t rows = nh * (geo->num_heads / geo->num_kv_heads);                        \
         const int64_t num_blocks = (len + BS - 1) / BS;                                        \
-        const ELEM *base = pool + geo->layer_offset + h0 * D;                                  \
+        const ELEM *base = pool + geo->layer_offset + h0 * geo->head_stride;                   \
         for (int64_t r = 0; r < rows; ++r) {                                                   \
             m[r] = -FLT_MAX;                                                                   \
             l[r] = 0.0f;                                                                       \
@@ -156,12 +160,17 @@ static inline void prefetch_run(const void *start, int64_t run_bytes, int into_l
 
 #define LOAD_F32(x) (x)
 #define LOAD_BF16(x) bf16_to_f32(x)
+#define LOAD_INT8(x) ((float)(x))
+#define NO_ROW_SCALE(row, D) 1.0f
+#define INT8_ROW_SCALE(row, D) int8_row_scale(row, D)
 /* head_dim 64 (SmolLM2, Llama 3.2 1B) gets its own copy: a constant trip count lets the
  * compiler unroll the dot products fully; any other head_dim takes the generic copy. */
-DEFINE_SEQ(seq_f32_64, float, LOAD_F32, 64)
-DEFINE_SEQ(seq_bf16_64, uint16_t, LOAD_BF16, 64)
-DEFINE_SEQ(seq_f32_any, float, LOAD_F32, geo->head_dim)
-DEFINE_SEQ(seq_bf16_any, uint16_t, LOAD_BF16, geo->head_dim)
+DEFINE_SEQ(seq_f32_64, float, LOAD_F32, 64, NO_ROW_SCALE)
+DEFINE_SEQ(seq_bf16_64, uint16_t, LOAD_BF16, 64, NO_ROW_SCALE)
+DEFINE_SEQ(seq_int8_64, int8_t, LOAD_INT8, 64, INT8_ROW_SCALE)
+DEFINE_SEQ(seq_f32_any, float, LOAD_F32, geo->head_dim, NO_ROW_SCALE)
+DEFINE_SEQ(seq_bf16_any, uint16_t, LOAD_BF16, geo->head_dim, NO_ROW_SCALE)
+DEFINE_SEQ(seq_int8_any, int8_t, LOAD_INT8, geo->head_dim, INT8_ROW_SCALE)
 
 #ifdef __AVX512F__
 /* head_dim 64 with positions in the 16 lanes of AVX-512 registers (this machine's
@@ -327,6 +336,54 @@ static inline void ordered_bf16(__m512 *x) {
 }
 #endif
 
+/* A query row's 16 scores (the unscaled sums; lanes outside `valid` ignored) into its running
+ * softmax: its max m and 16-lane sum absorb them, the sum first rescaled by *shrink (1 unless
+ * the max grows, which the row's output then needs too); returns the weights exp(s - m), 0
+ * outside valid. */
+static inline __m512 softmax_step16(__m512 sums16, float scale, __mmask16 valid, float *m,
+                                    __m512 *sum, float *shrink) {
+    const __m512 s = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-FLT_MAX),
+                                          _mm512_mul_ps(sums16, _mm512_set1_ps(scale)));
+    *shrink = 1.0f;
+    if (_mm512_cmp_ps_mask(s, _mm512_set1_ps(*m), _CMP_GT_OQ)) {
+        const float top = _mm512_reduce_max_ps(s);
+        *shrink = exp_poly(*m - top);
+        *m = top;
+        *sum = _mm512_mul_ps(*sum, _mm512_set1_ps(*shrink));
+    }
+    const __m512 p =
+        _mm512_maskz_mov_ps(valid, exp_nonpositive16(_mm512_sub_ps(s, _mm512_set1_ps(*m))));
+    *sum = _mm512_add_ps(*sum, p);
+    return p;
+}
+
+/* A kv head's G output rows (64 floats each at acc) into registers, rescaled by shrink[g];
+ * and back. */
+static inline void load_outputs(const float *acc, int64_t G, const float *shrink,
+                                __m512 (*out)[4]) {
+    for (int64_t g = 0; g < G; ++g)
+        for (int i = 0; i < 4; ++i)
+            out[g][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + g * 64 + 16 * i),
+                                      _mm512_set1_ps(shrink[g]));
+}
+
+static inline void store_outputs(__m512 (*out)[4], int64_t G, float *acc) {
+    for (int64_t g = 0; g < G; ++g)
+        for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + g * 64 + 16 * i, out[g][i]);
+}
+
+/* Each row's output divided by its softmax sum, in the value order ORDERED puts right. */
+static inline void finish_rows(float *acc, int64_t rows, const __m512 *sums,
+                               void (*ordered)(__m512 *)) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sums[r]));
+        __m512 x[4];
+        for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_ps(acc + r * 64 + 16 * i);
+        ordered(x);
+        for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * 64 + 16 * i, x[i] * inv);
+    }
+}
+
 /* One sequence's work for kv heads [h0, h0 + nh) with the K/V read in chunks of 16
  * positions. q: the rows' query vectors, unscaled (scale multiplies the scores); acc:
  * rows * 64 floats out (in VALUES16's order until the end); weights: G * 16 floats and sums:
@@ -338,7 +395,7 @@ static inline void ordered_bf16(__m512 *x) {
         const int64_t D = 64, BS = geo->block_size, TS = geo->token_stride;                    \
         const int64_t G = geo->num_heads / geo->num_kv_heads, rows = nh * G;                   \
         const int64_t num_blocks = (len + BS - 1) / BS;                                        \
-        const ELEM *base = pool + geo->layer_offset + h0 * D;                                  \
+        const ELEM *base = pool + geo->layer_offset + h0 * geo->head_stride;                   \
         for (int64_t r = 0; r < rows; ++r) {                                                   \
             m[r] = -FLT_MAX;                                                                   \
             sums[r] = _mm512_setzero_ps();                                                     \
@@ -353,68 +410,161 @@ static inline void ordered_bf16(__m512 *x) {
                 const int64_t in_memory = BS - t0 < PD_LANES ? BS - t0 : PD_LANES;             \
                 const __mmask16 valid = (__mmask16)((1u << n) - 1u);                           \
                 for (int64_t h = 0; h < nh; ++h) {                                             \
-                    const ELEM *k = k_block + t0 * TS + h * D, *v = k + geo->kv_stride;        \
-                    const ELEM *k_ahead = k_next + t0 * TS + h * D;                            \
+                    const ELEM *k = k_block + t0 * TS + h * geo->head_stride;                  \
+                    const ELEM *v = k + geo->kv_stride;                                        \
+                    const ELEM *k_ahead = k_next + t0 * TS + h * geo->head_stride;             \
                     const ELEM *v_ahead = k_ahead + geo->kv_stride; /* the next block's */     \
                     float shrink[PD_MAX_GROUP];                                                \
                     for (int64_t g = 0; g < G; ++g) {                                          \
                         const int64_t r = h * G + g;                                           \
                         __m512 dots[PD_LANES];                                                 \
                         DOTS16(k, TS, in_memory, q + r * D, dots, g == 0 ? k_ahead : NULL);    \
-                        const __m512 s = _mm512_mask_blend_ps(                                 \
-                            valid, _mm512_set1_ps(-FLT_MAX),                                   \
-                            _mm512_mul_ps(sum_lanes16(dots), _mm512_set1_ps(scale)));          \
-                        shrink[g] = 1.0f;                                                      \
-                        if (_mm512_cmp_ps_mask(s, _mm512_set1_ps(m[r]), _CMP_GT_OQ)) {         \
-                            const float top = _mm512_reduce_max_ps(s);                         \
-                            shrink[g] = exp_poly(m[r] - top);                                  \
-                            m[r] = top;                                                        \
-                            sums[r] = _mm512_mul_ps(sums[r], _mm512_set1_ps(shrink[g]));       \
-                        }                                                                      \
-                        const __m512 p = _mm512_maskz_mov_ps(                                  \
-                            valid, exp_nonpositive16(_mm512_sub_ps(s, _mm512_set1_ps(m[r])))); \
-                        sums[r] = _mm512_add_ps(sums[r], p);                                   \
+                        const __m512 p = softmax_step16(sum_lanes16(dots), scale, valid,       \
+                                                        m + r, sums + r, shrink + g);          \
                         WEIGHTS(p, weights + g * PD_LANES);                                    \
                     }                                                                          \
                     __m512 out[PD_MAX_GROUP][4];                                               \
-                    for (int64_t g = 0; g < G; ++g)                                            \
-                        for (int i = 0; i < 4; ++i)                                            \
-                            out[g][i] = _mm512_mul_ps(                                         \
-                                _mm512_loadu_ps(acc + (h * G + g) * D + 16 * i),               \
-                                _mm512_set1_ps(shrink[g]));                                    \
+                    load_outputs(acc + h * G * D, G, shrink, out);                             \
                     VALUES16(v, TS, n, G, weights, out, v_ahead);                              \
-                    for (int64_t g = 0; g < G; ++g)                                            \
-                        for (int i = 0; i < 4; ++i)                                            \
-                            _mm512_storeu_ps(acc + (h * G + g) * D + 16 * i, out[g][i]);      \
+                    store_outputs(out, G, acc + h * G * D);                                    \
                 }                                                                              \
             }                                                                                  \
         }                                                                                      \
-        for (int64_t r = 0; r < rows; ++r) {                                                   \
-            const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sums[r]));           \
-            __m512 x[4];                                                                       \
-            for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_ps(acc + r * D + 16 * i);          \
-            ORDERED(x);                                                                        \
-            for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * D + 16 * i, x[i] * inv);    \
-        }                                                                                      \
+        finish_rows(acc, rows, sums, ORDERED);                                                 \
     }
 
 DEFINE_LANE_SEQ(lane_seq_f32_64, float, dots16_f32, weights_f32, values16_f32, ordered_f32)
+
 #ifdef PD_LANE_BF16
 DEFINE_LANE_SEQ(lane_seq_bf16_64, uint16_t, dots16_bf16, weights_bf16, values16_bf16,
                 ordered_bf16)
+#endif
+
+/* The first `rows` of 16 int8 rows of 64 values (TS bytes apart, each with its scale after
+ * it) widened, unscaled, to 64 fp32 values each at dst (exact), and their scales at
+ * scales[t] (0 past rows); the rows at next are prefetched. */
+static inline void widen16_int8_f32(const int8_t *src, int64_t TS, int64_t rows, float *dst,
+                                    float *scales, const int8_t *next) {
+    for (int64_t t = 0; t < PD_LANES; ++t) {
+        if (t >= rows) {
+            scales[t] = 0.0f;
+            continue;
+        }
+        const int8_t *row = src + t * TS;
+        prefetch_run(next + t * TS, 64 + KV_INT8_SCALE_BYTES, 0);
+        scales[t] = int8_row_scale(row, 64);
+        for (int i = 0; i < 4; ++i) {
+            const __m128i bytes = _mm_loadu_si128((const void *)(row + 16 * i));
+            _mm512_storeu_ps(dst + t * 64 + 16 * i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
+        }
+    }
+}
+
+/* One int8 pool chunk's work, the way lane_seq_*_64 does a float pool's: per kv head, the
+ * chunk's 16 K and V rows widened once into staging (WIDEN16: to the STAGED element type,
+ * 8 KB or less, in L1), where DOTS16 and VALUES16 read them for each of the G query rows;
+ * the row scales multiply the scores (K) and the softmax weights (V), after the weights'
+ * sum. q: the rows' query vectors (QELEM), unscaled; staged: 2 * 16 * 64 STAGED elements
+ * then 2 * 16 floats of scratch; the rest as in DEFINE_LANE_SEQ. */
+#define DEFINE_LANE_SEQ_INT8(NAME, QELEM, STAGED, WIDEN16, DOTS16, WEIGHTS, VALUES16, ORDERED) \
+    static void NAME(const Geometry *geo, const int8_t *pool, const int32_t *table,           \
+                     int64_t len, int64_t h0, int64_t nh, const int8_t *after,                 \
+                     const QELEM *q, float scale, float *weights, float *acc, float *m,        \
+                     __m512 *sums, STAGED *staged) {                                           \
+        const int64_t D = 64, BS = geo->block_size, TS = geo->token_stride;                    \
+        const int64_t G = geo->num_heads / geo->num_kv_heads, rows = nh * G;                   \
+        const int64_t num_blocks = (len + BS - 1) / BS;                                        \
+        const int8_t *base = pool + geo->layer_offset + h0 * geo->head_stride;                 \
+        STAGED *k_staged = staged, *v_staged = staged + PD_LANES * D;                          \
+        float *k_scales = (float *)(staged + 2 * PD_LANES * D), *v_scales = k_scales + PD_LANES; \
+        for (int64_t r = 0; r < rows; ++r) {                                                   \
+            m[r] = -FLT_MAX;                                                                   \
+            sums[r] = _mm512_setzero_ps();                                                     \
+        }                                                                                      \
+        memset(acc, 0, (size_t)(rows * D) * sizeof(float));                                    \
+        for (int64_t j = 0; j < num_blocks; ++j) {                                             \
+            const int8_t *k_block = base + table[j] * geo->block_stride;                       \
+            const int8_t *k_next = NEXT_BLOCK(base, table, j, num_blocks, geo, after, k_block); \
+            const int64_t in_block = len - j * BS < BS ? len - j * BS : BS;                    \
+            for (int64_t t0 = 0; t0 < in_block; t0 += PD_LANES) {                              \
+                const int64_t n = in_block - t0 < PD_LANES ? in_block - t0 : PD_LANES;         \
+                const __mmask16 valid = (__mmask16)((1u << n) - 1u);                           \
+                for (int64_t h = 0; h < nh; ++h) {                                             \
+                    const int8_t *k = k_block + t0 * TS + h * geo->head_stride;                \
+                    const int8_t *k_ahead = k_next + t0 * TS + h * geo->head_stride;           \
+                    WIDEN16(k, TS, n, k_staged, k_scales, k_ahead);                            \
+                    WIDEN16(k + geo->kv_stride, TS, n, v_staged, v_scales,                     \
+                            k_ahead + geo->kv_stride);                                         \
+                    const __m512 k_scale = _mm512_loadu_ps(k_scales);                          \
+                    const __m512 v_scale = _mm512_loadu_ps(v_scales);                          \
+                    float shrink[PD_MAX_GROUP];                                                \
+                    for (int64_t g = 0; g < G; ++g) {                                          \
+                        const int64_t r = h * G + g;                                           \
+                        __m512 dots[PD_LANES];                                                 \
+                        DOTS16(k_staged, D, n, q + r * D, dots, NULL);                         \
+                        const __m512 s = _mm512_mul_ps(sum_lanes16(dots), k_scale);            \
+                        const __m512 p =                                                       \
+                            softmax_step16(s, scale, valid, m + r, sums + r, shrink + g);      \
+                        WEIGHTS(_mm512_mul_ps(p, v_scale), weights + g * PD_LANES);            \
+                    }                                                                          \
+                    __m512 out[PD_MAX_GROUP][4];                                               \
+                    load_outputs(acc + h * G * D, G, shrink, out);                             \
+                    VALUES16(v_staged, D, n, G, weights, out, v_staged);                       \
+                    store_outputs(out, G, acc + h * G * D);                                    \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        finish_rows(acc, rows, sums, ORDERED);                                                 \
+    }
+
+/* fp32 queries: fp32 products, as lane_seq_f32_64. */
+DEFINE_LANE_SEQ_INT8(lane_seq_int8_f32_64, float, float, widen16_int8_f32, dots16_f32,
+                     weights_f32, values16_f32, ordered_f32)
+#ifdef PD_LANE_BF16
+/* The rows widened to bf16 (exact: |value| <= 127), the products on vdpbf16ps as
+ * lane_seq_bf16_64 does them. */
+static inline void widen16_int8_bf16(const int8_t *src, int64_t TS, int64_t rows,
+                                     uint16_t *dst, float *scales, const int8_t *next) {
+    for (int64_t t = 0; t < PD_LANES; ++t) {
+        if (t >= rows) {
+            scales[t] = 0.0f;
+            continue;
+        }
+        const int8_t *row = src + t * TS;
+        prefetch_run(next + t * TS, 64 + KV_INT8_SCALE_BYTES, 0);
+        scales[t] = int8_row_scale(row, 64);
+        for (int i = 0; i < 2; ++i) {
+            const __m128i low = _mm_loadu_si128((const void *)(row + 32 * i));
+            const __m128i high = _mm_loadu_si128((const void *)(row + 32 * i + 16));
+            const __m512bh words = _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(high)),
+                                                       _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(low)));
+            memcpy(dst + t * 64 + 32 * i, &words, sizeof words);
+        }
+    }
+}
+
+/* bf16 queries. Measured against the bf16 pool's kernel on the same sequences (Zen 4,
+ * 2026-11-27; 32 sequences of 800 positions, 30 layers, medians of 7 alternating runs):
+ * 0.79x its time on two threads, 0.82x on one, reading half its bytes; widened to fp32
+ * (lane_seq_int8_f32_64) it was 0.97x and 1.2x, and the portable code 4.5x. */
+DEFINE_LANE_SEQ_INT8(lane_seq_int8_bf16_64, uint16_t, uint16_t, widen16_int8_bf16, dots16_bf16,
+                     weights_bf16, values16_bf16, ordered_bf16)
 #endif
 #endif
 
 /* Scratch of one thread, carved from one 64-byte aligned allocation: rows 16-lane running
  * sums (first, so aligned for vector stores), rows query vectors, rows outputs, rows *
- * max(block_size, 16) scores, rows running maxima and rows running sums. */
+ * max(block_size, 16) scores, rows running maxima, rows running sums, and for an int8 pool
+ * a chunk's K and V rows widened (2 * 16 * head_dim floats at most) and their scales (2 *
+ * 16). */
 typedef struct {
-    float *lanes, *q, *acc, *scores, *m, *l;
+    float *lanes, *q, *acc, *scores, *m, *l, *staged;
 } Scratch;
 
 static float *scratch_alloc(Scratch *sc, int64_t rows, int64_t head_dim, int64_t block_size) {
     const int64_t score_width = block_size > 16 ? block_size : 16;
-    const size_t bytes = (size_t)(rows * (16 + 2 * head_dim + score_width + 2)) * sizeof(float);
+    const int64_t floats = rows * (16 + 2 * head_dim + score_width + 2) + 2 * 16 * (head_dim + 1);
+    const size_t bytes = (size_t)floats * sizeof(float);
     float *base = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (base == NULL) return NULL;
     sc->lanes = base;
@@ -423,18 +573,71 @@ static float *scratch_alloc(Scratch *sc, int64_t rows, int64_t head_dim, int64_t
     sc->scores = sc->acc + rows * head_dim;
     sc->m = sc->scores + rows * score_width;
     sc->l = sc->m + rows;
+    sc->staged = sc->l + rows;
     return base;
 }
 
-/* One work item: query rows in, attention out, converting from/to the element type. */
-static void run_item(const Geometry *geo, int dtype, const void *q_src, const void *pool,
-                     const int32_t *table, int64_t len, int64_t h0, int64_t nh,
-                     const void *after, float scale, void *out_dst, Scratch *sc) {
+/* The portable code for element type T on the scaled query rows in sc->q: its head_dim-64
+ * copy or the generic one. */
+#define RUN_PORTABLE(T)                                                                        \
+    (geo->head_dim == 64 ? seq_##T##_64 : seq_##T##_any)(geo, pool, table, len, h0, nh, after, \
+                                                          sc->q, sc->scores, sc->acc, sc->m,    \
+                                                          sc->l)
+
+/* An item over an int8 pool: for head_dim 64, the AVX-512 code where it is built (bf16
+ * queries on vdpbf16ps where the CPU has it, else widened to fp32); otherwise the portable
+ * code, on the query rows widened and scaled here; the output rounded to the query's dtype. */
+static void run_int8_item(const Geometry *geo, int dtype, const void *q_src, const int8_t *pool,
+                          const int32_t *table, int64_t len, int64_t h0, int64_t nh,
+                          const int8_t *after, float scale, void *out_dst, Scratch *sc) {
     const int64_t D = geo->head_dim, n = nh * (geo->num_heads / geo->num_kv_heads) * D;
 #ifdef PD_LANE_KERNELS
     const int lanes = D == 64 && geo->num_heads / geo->num_kv_heads <= PD_MAX_GROUP;
+    __m512 *sums = (__m512 *)sc->lanes;
+#ifdef PD_LANE_BF16
+    if (lanes && dtype == KV_BFLOAT16)
+        lane_seq_int8_bf16_64(geo, pool, table, len, h0, nh, after, q_src, scale, sc->scores,
+                              sc->acc, sc->m, sums, (uint16_t *)sc->staged);
+    else
 #endif
-    if (dtype == PD_FLOAT32) {
+#endif
+    {
+        for (int64_t i = 0; i < n; ++i)
+            sc->q[i] = dtype == KV_FLOAT32 ? ((const float *)q_src)[i]
+                                           : bf16_to_f32(((const uint16_t *)q_src)[i]);
+#ifdef PD_LANE_KERNELS
+        if (lanes)
+            lane_seq_int8_f32_64(geo, pool, table, len, h0, nh, after, sc->q, scale, sc->scores,
+                                 sc->acc, sc->m, sums, sc->staged);
+        else
+#endif
+        {
+            for (int64_t i = 0; i < n; ++i) sc->q[i] *= scale;
+            RUN_PORTABLE(int8);
+        }
+    }
+    if (dtype == KV_FLOAT32) {
+        memcpy(out_dst, sc->acc, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *o = out_dst;
+    for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(sc->acc[i]);
+}
+
+/* One work item: query rows in, attention out, converting from/to the element type (dtype:
+ * the queries' and outputs'; the pool's is the same, or int8). */
+static void run_item(const Geometry *geo, int dtype, int kv_format, const void *q_src,
+                     const void *pool, const int32_t *table, int64_t len, int64_t h0, int64_t nh,
+                     const void *after, float scale, void *out_dst, Scratch *sc) {
+    const int64_t D = geo->head_dim, n = nh * (geo->num_heads / geo->num_kv_heads) * D;
+    if (kv_format == KV_INT8) {
+        run_int8_item(geo, dtype, q_src, pool, table, len, h0, nh, after, scale, out_dst, sc);
+        return;
+    }
+#ifdef PD_LANE_KERNELS
+    const int lanes = D == 64 && geo->num_heads / geo->num_kv_heads <= PD_MAX_GROUP;
+#endif
+    if (dtype == KV_FLOAT32) {
         const float *qs = q_src;
 #ifdef PD_LANE_KERNELS
         if (lanes)
@@ -444,12 +647,7 @@ static void run_item(const Geometry *geo, int dtype, const void *q_src, const vo
 #endif
         {
             for (int64_t i = 0; i < n; ++i) sc->q[i] = qs[i] * scale;
-            if (D == 64)
-                seq_f32_64(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc, sc->m,
-                           sc->l);
-            else
-                seq_f32_any(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc,
-                            sc->m, sc->l);
+            RUN_PORTABLE(f32);
         }
         memcpy(out_dst, sc->acc, (size_t)n * sizeof(float));
     } else {
@@ -462,12 +660,7 @@ static void run_item(const Geometry *geo, int dtype, const void *q_src, const vo
 #endif
         {
             for (int64_t i = 0; i < n; ++i) sc->q[i] = bf16_to_f32(qs[i]) * scale;
-            if (D == 64)
-                seq_bf16_64(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc,
-                            sc->m, sc->l);
-            else
-                seq_bf16_any(geo, pool, table, len, h0, nh, after, sc->q, sc->scores, sc->acc,
-                             sc->m, sc->l);
+            RUN_PORTABLE(bf16);
         }
         uint16_t *o = out_dst;
         for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(sc->acc[i]);
@@ -477,7 +670,7 @@ static void run_item(const Geometry *geo, int dtype, const void *q_src, const vo
 /* Where work item (sequence b, kv heads from h0) starts reading: its first block's K rows. */
 static const void *first_block(const Geometry *geo, const void *pool, const int32_t *tables,
                                int64_t table_width, int64_t b, int64_t h0, int64_t elem) {
-    const int64_t offset = geo->layer_offset + h0 * geo->head_dim +
+    const int64_t offset = geo->layer_offset + h0 * geo->head_stride +
                            tables[b * table_width] * geo->block_stride;
     return (const char *)pool + offset * elem;
 }
@@ -485,8 +678,8 @@ static const void *first_block(const Geometry *geo, const void *pool, const int3
 /* Attention of one query token per sequence over its cached positions 0 .. lens[b] - 1.
  *
  * q:      query of sequence b, head hq at q + q_rows[b] * q_row_stride + hq * head_dim
- *         (q_rows NULL: row b). Elements of `dtype`.
- * pool:   the KV pool (layout above), contiguous, elements of `dtype`.
+ *         (q_rows NULL: row b). Elements of `dtype` (KV_FLOAT32 or KV_BFLOAT16).
+ * pool:   the KV pool (layout above), contiguous, in `kv_format`: `dtype`, or KV_INT8.
  * tables: [num_seqs][table_width] int32 block ids; lens: [num_seqs] int32 context lengths,
  *         each >= 1 and within the table.
  * out:    written at out + q_rows[b] * out_row_stride + hq * head_dim, elements of `dtype`.
@@ -497,9 +690,9 @@ int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_r
                          const int32_t *lens, int64_t num_seqs, void *out, int64_t out_row_stride,
                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t num_layers, int64_t block_size, int64_t layer, float scale,
-                         int dtype, int num_threads) {
-    const Geometry geo =
-        pool_geometry(num_heads, num_kv_heads, head_dim, num_layers, block_size, layer);
+                         int dtype, int kv_format, int num_threads) {
+    const Geometry geo = pool_geometry(num_heads, num_kv_heads, head_dim, kv_format, num_layers,
+                                       block_size, layer);
     /* Work items are whole sequences (a token row holds all kv heads: read it in one run);
      * with under two sequences per thread, (sequence, kv head) pairs instead, so a few long
      * sequences still spread evenly over the threads. */
@@ -507,7 +700,7 @@ int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_r
     const int64_t split = few ? num_kv_heads : 1;
     const int64_t heads_per_item = num_kv_heads / split;
     const int64_t group = num_heads / num_kv_heads; /* query heads per kv head */
-    const int64_t elem = dtype == PD_FLOAT32 ? 4 : 2;
+    const int64_t elem = kv_element_bytes(dtype), kv_elem = kv_element_bytes(kv_format);
     const int64_t items = num_seqs * split;
     int64_t claimed = 0; /* items handed out so far */
     int failed = 0;
@@ -531,7 +724,7 @@ int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_r
             const void *after = w_next < items ? first_block(&geo, pool, tables, table_width,
                                                              w_next / split,
                                                              (w_next % split) * heads_per_item,
-                                                             elem)
+                                                             kv_elem)
                                                : NULL;
             if (!failed) {
                 const int64_t b = w / split, h0 = (w % split) * heads_per_item;
@@ -539,7 +732,7 @@ int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_r
                 const char *src =
                     (const char *)q + (row * q_row_stride + h0 * group * head_dim) * elem;
                 char *dst = (char *)out + (row * out_row_stride + h0 * group * head_dim) * elem;
-                run_item(&geo, dtype, src, pool, tables + b * table_width, lens[b], h0,
+                run_item(&geo, dtype, kv_format, src, pool, tables + b * table_width, lens[b], h0,
                          heads_per_item, after, scale, dst, &sc);
             }
             w = w_next;
@@ -549,10 +742,55 @@ int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_r
     return failed ? -1 : 0;
 }
 
-/* This step's K and V into the pool, seen as rows of kv_heads * head_dim elements (the write
- * view of engine/attention/cpu.py): token i's K row (at k + i * k_row_stride) goes to row
- * rows[i] + layer_add, its V row (at v + i * v_row_stride) to row rows[tokens + i] +
- * layer_add. Strides count elements of `dtype`.
+/* One kv head's head_dim values (float32 or bfloat16 at src) as an int8 pool row: int8
+ * values, then the bf16 scale, by kv_codec/int8_rows.py's rules and bit for bit its result
+ * (the scale absmax / 127 rounded up to bf16; values rounded to nearest even, as torch.round,
+ * after an IEEE division). */
+static void quantize_int8_row(const void *src, int dtype, int64_t head_dim, int8_t *dst) {
+    float x[head_dim];
+    float absmax = 0.0f;
+    for (int64_t d = 0; d < head_dim; ++d) {
+        x[d] = dtype == KV_FLOAT32 ? ((const float *)src)[d]
+                                   : bf16_to_f32(((const uint16_t *)src)[d]);
+        absmax = fabsf(x[d]) > absmax ? fabsf(x[d]) : absmax;
+    }
+    const float exact = absmax / 127.0f;
+    uint16_t bits = f32_to_bf16(exact);
+    if (bf16_to_f32(bits) < exact) bits += 1; /* the next bf16 up: |x / scale| <= 127 */
+    const float scale = bf16_to_f32(bits), divisor = scale > 0.0f ? scale : 1.0f;
+    for (int64_t d = 0; d < head_dim; ++d) {
+        const float q = nearbyintf(x[d] / divisor);
+        dst[d] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+    }
+    memcpy(dst + head_dim, &bits, sizeof bits);
+}
+
+/* One step row (one token's K or V, every kv head) into its pool row at dst. */
+static void store_row(const char *src, int dtype, int kv_format, int64_t kv_heads,
+                      int64_t head_dim, char *dst) {
+    if (kv_format == KV_INT8) {
+        const int64_t src_head_bytes = head_dim * kv_element_bytes(dtype);
+        for (int64_t h = 0; h < kv_heads; ++h)
+            quantize_int8_row(src + h * src_head_bytes, dtype, head_dim,
+                              (int8_t *)dst + h * (head_dim + KV_INT8_SCALE_BYTES));
+        return;
+    }
+    const int64_t row_bytes = kv_heads * head_dim * kv_element_bytes(dtype);
+#ifdef __AVX512F__
+    if (row_bytes % 64 == 0 && ((uintptr_t)dst & 63) == 0) {
+        for (int64_t o = 0; o < row_bytes; o += 64)
+            _mm512_stream_si512((void *)(dst + o), _mm512_loadu_si512(src + o));
+        return;
+    }
+#endif
+    memcpy(dst, src, (size_t)row_bytes);
+}
+
+/* This step's K and V into the pool, seen as rows of one token's kv heads (the write view of
+ * engine/attention/cpu.py): token i's K row (at k + i * k_row_stride) goes to row rows[i] +
+ * layer_add, its V row (at v + i * v_row_stride) to row rows[tokens + i] + layer_add. k and
+ * v hold `dtype` elements (the strides count them); the pool is in `kv_format`: `dtype` (a
+ * copy) or KV_INT8 (each kv head quantized on its way in).
  *
  * Why here rather than torch's index_copy_: the rows a decode step writes are scattered over
  * the pool and cold, so each store first reads its line in. Whole 64-byte lines go out with
@@ -561,27 +799,23 @@ int pdserve_paged_decode(const void *q, int64_t q_row_stride, const int32_t *q_r
  * Returns 0, or -1 (nothing written) when a row lies outside the pool's pool_rows. */
 int pdserve_store_kv(const void *k, int64_t k_row_stride, const void *v, int64_t v_row_stride,
                      int64_t tokens, const int64_t *rows, int64_t layer_add, void *pool,
-                     int64_t pool_rows, int64_t row_elems, int dtype, int num_threads) {
+                     int64_t pool_rows, int64_t kv_heads, int64_t head_dim, int dtype,
+                     int kv_format, int num_threads) {
     for (int64_t i = 0; i < 2 * tokens; ++i)
         if (rows[i] < 0 || rows[i] + layer_add >= pool_rows) return -1;
-    const int64_t elem = dtype == PD_FLOAT32 ? 4 : 2, row_bytes = row_elems * elem;
+    const int64_t elem = kv_element_bytes(dtype);
+    const Geometry geo = pool_geometry(kv_heads, kv_heads, head_dim, kv_format, 1, 1, 0);
+    const int64_t pool_row_bytes = geo.token_stride * kv_element_bytes(kv_format);
     /* a parallel region costs more than it saves below a few hundred KB */
-    const int threads = 2 * tokens * row_bytes >= (256 << 10) ? num_threads : 1;
+    const int threads = 2 * tokens * kv_heads * head_dim * elem >= (256 << 10) ? num_threads : 1;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < 2 * tokens; ++i) {
             const char *src = i < tokens ? (const char *)k + i * k_row_stride * elem
                                          : (const char *)v + (i - tokens) * v_row_stride * elem;
-            char *dst = (char *)pool + (rows[i] + layer_add) * row_bytes;
-#ifdef __AVX512F__
-            if (row_bytes % 64 == 0 && ((uintptr_t)dst & 63) == 0) {
-                for (int64_t o = 0; o < row_bytes; o += 64)
-                    _mm512_stream_si512((void *)(dst + o), _mm512_loadu_si512(src + o));
-                continue;
-            }
-#endif
-            memcpy(dst, src, (size_t)row_bytes);
+            store_row(src, dtype, kv_format, kv_heads, head_dim,
+                      (char *)pool + (rows[i] + layer_add) * pool_row_bytes);
         }
 #ifdef __AVX512F__
         _mm_sfence(); /* order this thread's streamed lines before the threads join */

@@ -21,6 +21,10 @@
  * with only the scores on vdpbf16ps, 1.6-2.3x). Built without AVX-512 BF16 the kernel takes
  * fp32 only (bf16 returns -2) and bf16 chunks stay on torch's kernel.
  *
+ * An int8 pool (int8 rows with a scale each, pool_geometry.h) takes the fp32 arithmetic: each
+ * softmax step's K and V rows are dequantized into fp32 scratch (one pass over rows the step's
+ * products then read 16 * G times), with queries and outputs in fp32 or bf16.
+ *
  * Work items are (kv head, 16 query tokens). An item's query rows are its G = H / KVH query
  * heads times its 16 tokens, held transposed, tokens in the 16 lanes of a vector:
  *
@@ -193,15 +197,17 @@ static const ValuesBf16Fn VALUES_BF16[MAX_VECS + 1] = {0, values_bf16_1, values_
 #endif
 
 /* Scratch of one item, G vectors wide: qt and ot [D][G], s [STEP_KEYS][G], m, l, shrink [G];
- * and for a bf16 pool one step's V rows in pairs of keys, vp [STEP_KEYS / 2][D] words (qt
- * then holds qp, and s the weights' pairs once they are computed). */
+ * for a bf16 pool one step's V rows in pairs of keys, vp [STEP_KEYS / 2][D] words (qt then
+ * holds qp, and s the weights' pairs once they are computed); for an int8 pool one step's K
+ * and V rows dequantized, kd and vd [STEP_KEYS][D] floats. */
 typedef struct {
     v16 *qt, *ot, *s, *m, *l, *shrink;
     uint32_t *vp;
+    float *kd, *vd;
 } Scratch;
 
-/* The scores of n keys into w->s: K rows at keys[j], fp32, or bf16 (then w->qt holds qp,
- * and the sums are scaled here). */
+/* The scores of n keys into w->s: K rows at keys[j], fp32, or bf16 pairs (then w->qt holds
+ * qp, and the sums are scaled here). */
 static void score_keys(const Geometry *geo, const void *const *keys, int bf16, int64_t n,
                        Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
@@ -343,18 +349,32 @@ static void fold_keys(const Geometry *geo, const float *const *values, int bf16,
         }
 }
 
+/* One int8 pool row (head_dim values and their scale) as floats. */
+static void dequantize_row(const int8_t *row, int64_t head_dim, float *dst) {
+    const float scale = int8_row_scale(row, head_dim);
+#pragma omp simd
+    for (int64_t d = 0; d < head_dim; ++d) dst[d] = (float)row[d] * scale;
+}
+
 /* The K and V rows of positions first .. first + n - 1: in place for an fp32 pool; for a
- * bf16 one, K in place and V in pairs of keys into w->vp. */
-static void step_rows(const Geometry *geo, const void *pool, int bf16, const int32_t *table,
+ * bf16 one, K in place and V in pairs of keys into w->vp; for an int8 one, dequantized into
+ * w->kd and w->vd. */
+static void step_rows(const Geometry *geo, const void *pool, int kv_format, const int32_t *table,
                       int64_t h, int64_t first, int64_t n, const void **keys,
                       const float **values, Scratch *w) {
     const int64_t D = geo->head_dim, BS = geo->block_size;
+    const int bf16 = kv_format == KV_BFLOAT16;
     const uint16_t *v_rows[STEP_KEYS];
     for (int64_t j = 0; j < n; ++j) {
         const int64_t pos = first + j;
-        const int64_t at = geo->layer_offset + h * D + table[pos / BS] * geo->block_stride +
-                           pos % BS * geo->token_stride;
-        if (bf16) {
+        const int64_t at = geo->layer_offset + h * geo->head_stride +
+                           table[pos / BS] * geo->block_stride + pos % BS * geo->token_stride;
+        if (kv_format == KV_INT8) {
+            dequantize_row((const int8_t *)pool + at, D, w->kd + j * D);
+            dequantize_row((const int8_t *)pool + at + geo->kv_stride, D, w->vd + j * D);
+            keys[j] = w->kd + j * D;
+            values[j] = w->vd + j * D;
+        } else if (bf16) {
             keys[j] = (const uint16_t *)pool + at;
             v_rows[j] = (const uint16_t *)pool + at + geo->kv_stride;
         } else {
@@ -370,15 +390,16 @@ static void step_rows(const Geometry *geo, const void *pool, int bf16, const int
     }
 }
 
-/* The item's queries: qt[d][g] = q * D^-1/2, tokens in lanes; for bf16, qp[d / 2][g] = the
- * unscaled bf16 pair (q[.][d], q[.][d + 1]) in each 32-bit lane. */
-static void load_queries(const Geometry *geo, const void *q, int64_t q_stride, int bf16,
-                         int64_t h, int64_t t0, int64_t live, Scratch *w) {
+/* The item's queries (q_bf16: bf16, else fp32): qt[d][g] = q * D^-1/2, tokens in lanes; for
+ * the bf16 pairs of a bf16 pool, qp[d / 2][g] = the unscaled bf16 pair (q[.][d], q[.][d + 1])
+ * in each 32-bit lane. */
+static void load_queries(const Geometry *geo, const void *q, int64_t q_stride, int q_bf16,
+                         int pairs, int64_t h, int64_t t0, int64_t live, Scratch *w) {
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     const float scale = 1.0f / sqrtf((float)D);
     for (int64_t g = 0; g < G; ++g) {
         const int64_t head = (h * G + g) * D;
-        if (bf16) {
+        if (pairs) {
             const uint16_t *q16 = q;
             for (int64_t d = 0; d < D / 2; ++d) {
                 i16v pairs = (i16v){0};
@@ -390,10 +411,13 @@ static void load_queries(const Geometry *geo, const void *q, int64_t q_stride, i
             }
             continue;
         }
-        const float *q32 = q;
         for (int64_t d = 0; d < D; ++d) {
             v16 x = (v16){0};
-            for (int64_t i = 0; i < live; ++i) x[i] = q32[(t0 + i) * q_stride + head + d] * scale;
+            for (int64_t i = 0; i < live; ++i) {
+                const int64_t at = (t0 + i) * q_stride + head + d;
+                x[i] = (q_bf16 ? bf16_to_f32(((const uint16_t *)q)[at]) : ((const float *)q)[at]) *
+                       scale;
+            }
             w->qt[d * G + g] = x;
         }
     }
@@ -401,9 +425,10 @@ static void load_queries(const Geometry *geo, const void *q, int64_t q_stride, i
 
 /* One item: kv head h, tokens t0 .. t0 + 15 (those below n) of the chunk. */
 static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64_t n,
-                     int64_t start, const uint64_t *ancestors, const void *pool, int bf16,
-                     const int32_t *table, int64_t h, int64_t t0, void *out,
+                     int64_t start, const uint64_t *ancestors, const void *pool, int q_bf16,
+                     int kv_format, const int32_t *table, int64_t h, int64_t t0, void *out,
                      int64_t out_stride, Scratch *w) {
+    const int pairs = kv_format == KV_BFLOAT16; /* the bf16 pairs' arithmetic */
     const int64_t G = geo->num_heads / geo->num_kv_heads, D = geo->head_dim;
     const int64_t live = n - t0 < LANES ? n - t0 : LANES;
     Tree tree = {start, {0}};
@@ -411,7 +436,7 @@ static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64
         for (int64_t c = 0; c < n; ++c)
             for (int64_t i = 0; i < live; ++i)
                 tree.lanes[c] |= (uint16_t)(((ancestors[t0 + i] >> c) & 1u) << i);
-    load_queries(geo, q, q_stride, bf16, h, t0, live, w);
+    load_queries(geo, q, q_stride, q_bf16, pairs, h, t0, live, w);
     for (int64_t g = 0; g < G; ++g) {
         w->m[g] = splat16(-FLT_MAX);
         w->l[g] = (v16){0};
@@ -422,9 +447,9 @@ static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64
     const float *values[STEP_KEYS];
     for (int64_t first = 0; first < keys_end; first += STEP_KEYS) {
         const int64_t n_keys = keys_end - first < STEP_KEYS ? keys_end - first : STEP_KEYS;
-        step_rows(geo, pool, bf16, table, h, first, n_keys, keys, values, w);
-        score_keys(geo, keys, bf16, n_keys, w);
-        fold_keys(geo, values, bf16, n_keys, first, pos0, ancestors ? &tree : NULL, w);
+        step_rows(geo, pool, kv_format, table, h, first, n_keys, keys, values, w);
+        score_keys(geo, keys, pairs, n_keys, w);
+        fold_keys(geo, values, pairs, n_keys, first, pos0, ancestors ? &tree : NULL, w);
     }
     for (int64_t g = 0; g < G; ++g) {
         const v16 inv = 1.0f / w->l[g];
@@ -433,7 +458,7 @@ static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64
             const v16 x = w->ot[d * G + g] * inv;
             for (int64_t i = 0; i < live; ++i) {
                 const int64_t at = (t0 + i) * out_stride + head + d;
-                if (bf16)
+                if (q_bf16)
                     ((uint16_t *)out)[at] = f32_to_bf16(x[i]);
                 else
                     ((float *)out)[at] = x[i];
@@ -443,25 +468,30 @@ static void run_item(const Geometry *geo, const void *q, int64_t q_stride, int64
 }
 
 /* out[t][h][:] for the chunk's n tokens (rows out_stride apart; q rows q_stride apart, heads
- * of D values side by side); q, pool and out all fp32 (bf16 = 0) or all bf16. table: the
- * sequence's block ids, covering start + n positions. ancestors: NULL for a causal chunk; for
- * a token tree (n <= MAX_TREE_ROWS), bit c of ancestors[r] set when row r sees chunk row c.
- * Returns 0; -1 when scratch could not be allocated; -2 for bf16 in a build without AVX-512
- * BF16; -3 for a tree of more than MAX_TREE_ROWS rows. */
+ * of D values side by side); q and out both fp32 (dtype KV_FLOAT32) or both bf16
+ * (KV_BFLOAT16), the pool in kv_format: dtype, or KV_INT8. table: the sequence's block ids,
+ * covering start + n positions. ancestors: NULL for a causal chunk; for a token tree (n <=
+ * MAX_TREE_ROWS), bit c of ancestors[r] set when row r sees chunk row c. Returns 0; -1 when
+ * scratch could not be allocated; -2 for a bf16 pool in a build without AVX-512 BF16; -3 for
+ * a tree of more than MAX_TREE_ROWS rows. */
 int pdserve_paged_prefill(const void *q, int64_t q_stride, int64_t n, int64_t start,
                           const uint64_t *ancestors, const void *pool, const int32_t *table,
                           void *out, int64_t out_stride, int64_t heads, int64_t kv_heads,
                           int64_t head_dim, int64_t num_layers, int64_t block_size, int64_t layer,
-                          int bf16, int num_threads) {
+                          int dtype, int kv_format, int num_threads) {
+    const int q_bf16 = dtype == KV_BFLOAT16, pairs = kv_format == KV_BFLOAT16;
 #ifndef PP_BF16_PAIRS
-    if (bf16) return -2;
+    if (pairs) return -2;
 #endif
     if (ancestors != NULL && n > MAX_TREE_ROWS) return -3;
-    const Geometry geo = pool_geometry(heads, kv_heads, head_dim, num_layers, block_size, layer);
+    const Geometry geo =
+        pool_geometry(heads, kv_heads, head_dim, kv_format, num_layers, block_size, layer);
     const int64_t G = heads / kv_heads, items_per_head = (n + LANES - 1) / LANES;
     const int64_t items = items_per_head * kv_heads;
     const size_t vec_floats = (size_t)((2 * head_dim + STEP_KEYS + 3) * G) * LANES;
-    const size_t floats = vec_floats + (size_t)(bf16 ? STEP_KEYS / 2 * head_dim : 0);
+    const size_t int8_floats = (size_t)(kv_format == KV_INT8 ? 2 * STEP_KEYS * head_dim : 0);
+    const size_t pairs_words = (size_t)(pairs ? STEP_KEYS / 2 * head_dim : 0);
+    const size_t floats = vec_floats + pairs_words + int8_floats;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1 && items > 1)
     {
@@ -474,12 +504,14 @@ int pdserve_paged_prefill(const void *q, int64_t q_stride, int64_t n, int64_t st
                          buffer + (2 * head_dim + STEP_KEYS) * G,
                          buffer + (2 * head_dim + STEP_KEYS + 1) * G,
                          buffer + (2 * head_dim + STEP_KEYS + 2) * G,
-                         (uint32_t *)buffer + vec_floats};
+                         (uint32_t *)buffer + vec_floats,
+                         (float *)buffer + vec_floats + pairs_words,
+                         (float *)buffer + vec_floats + pairs_words + STEP_KEYS * head_dim};
             /* the last tokens attend to the most positions: hand those out first */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < items; ++item) {
                 const int64_t t0 = (items_per_head - 1 - item / kv_heads) * LANES;
-                run_item(&geo, q, q_stride, n, start, ancestors, pool, bf16, table,
+                run_item(&geo, q, q_stride, n, start, ancestors, pool, q_bf16, kv_format, table,
                          item % kv_heads, t0, out, out_stride, &w);
             }
             free(buffer);

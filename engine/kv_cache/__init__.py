@@ -1,7 +1,13 @@
 """Paged KV-cache bookkeeping: block pool, block tables, prefix hashes (pure; no torch)."""
 
 from pdserve.engine.kv_cache.block_pool import Block, BlockPool
-from pdserve.engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
+from pdserve.engine.kv_cache.events import (
+    BlocksRemoved,
+    BlocksStored,
+    CacheCleared,
+    CachedBlocks,
+    KVCacheEvent,
+)
 from pdserve.engine.kv_cache.hashing import (
     BlockHash,
     BlockHasher,
@@ -12,6 +18,7 @@ from pdserve.engine.kv_cache.hashing import (
 )
 from pdserve.engine.kv_cache.manager import ImportReservation, KVCacheManager, PrefixMatch
 from pdserve.engine.kv_cache.sizing import kv_block_bytes, num_blocks_for_budget
+from pdserve.engine.kv_cache.tiers import KVTier
 
 __all__ = [
     "Block",
@@ -21,9 +28,11 @@ __all__ = [
     "BlocksRemoved",
     "BlocksStored",
     "CacheCleared",
+    "CachedBlocks",
     "ImportReservation",
     "KVCacheEvent",
     "KVCacheManager",
+    "KVTier",
     "PrefixMatch",
     "block_hashes",
     "encode_extra_keys",

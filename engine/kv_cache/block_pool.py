@@ -13,9 +13,10 @@ can be revived with :meth:`BlockPool.touch` until ``allocate`` reuses it, which 
 (a ``BlocksRemoved`` event). At most one block holds a given hash; caching a second block with
 a hash already present leaves that block uncached (its KV equals the first one's).
 
-With ``keep_evictions`` the pool also remembers which block held each evicted hash, until
+With ``keep_evictions`` the pool instead remembers which block held each evicted hash, until
 :meth:`BlockPool.take_evictions`: the engine saves those blocks' KV to the tiers below the
-pool before the step overwrites them.
+pool before the step overwrites them, and whoever takes an eviction reports where the block
+went (:meth:`BlockPool.record`: stored in a tier, or removed).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class BlockPool:
                 block.block_hash = None
             block.ref_cnt = 1
             taken.append(block_id)
-        if evicted:
+        if evicted and not self._keep_evictions:
             self._events.append(BlocksRemoved(tuple(evicted)))
         return taken
 
@@ -155,9 +156,14 @@ class BlockPool:
 
     def take_evictions(self) -> list[tuple[int, BlockHash]]:
         """``(block_id, evicted hash)`` pairs since the last call, oldest first; clears them.
-        The block still holds that hash's KV until the next step writes it."""
+        The block still holds that hash's KV until the next step writes it. No event was
+        recorded for them: the caller records where each went."""
         evictions, self._evictions = self._evictions, []
         return evictions
+
+    def record(self, event: KVCacheEvent) -> None:
+        """Append an event about blocks below the pool (see ``take_evictions``)."""
+        self._events.append(event)
 
     def drain_events(self) -> list[KVCacheEvent]:
         """The events recorded since the last drain, oldest first; clears them."""

@@ -10,16 +10,19 @@ With tiers below the pool (``tiers``), a prefix lookup continues past the pool's
 blocks into them; ``allocate`` gives such blocks fresh pool blocks and queues
 ``(block_id, block_hash)`` loads, taken with :meth:`KVCacheManager.take_block_loads`, that
 the engine applies before the forward pass (after saving the blocks it evicted, taken with
-:meth:`KVCacheManager.take_evictions`: a load may land in a just-evicted block).
+:meth:`KVCacheManager.take_evictions`: a load may land in a just-evicted block). Then
+:meth:`KVCacheManager.publish_tier_moves` turns what moved between the tiers into KV events,
+so the locality index knows where each block lives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pdserve.engine.kv_cache import tier_events
 from pdserve.engine.kv_cache.block_pool import BlockPool
 from pdserve.engine.kv_cache.block_table import SequenceBlocks
-from pdserve.engine.kv_cache.events import KVCacheEvent
+from pdserve.engine.kv_cache.events import CachedBlocks, KVCacheEvent
 from pdserve.engine.kv_cache.hashing import BlockHash, BlockHasher, encode_extra_keys
 from pdserve.engine.kv_cache.prefix import (
     ImportReservation,
@@ -109,6 +112,18 @@ class KVCacheManager:
         blocks, so the last token is always computed and yields logits. Changes nothing.
         """
         return self._match(token_ids, max(0, len(token_ids) - 1), self._tiers)
+
+    def prefetch(self, token_ids: Sequence[int]) -> None:
+        """A prompt arrived: let the tiers start reading the blocks of its prefix past the
+        pool's (the lookup that admits it will want them). Changes nothing here."""
+        if self._tiers is None:
+            return
+        hashes = BlockHasher(self._block_size, encoded_extra_keys=self._extra).update(token_ids)
+        candidates = hashes[: max(0, len(token_ids) - 1) // self._block_size]
+        in_pool = 0
+        while in_pool < len(candidates) and self._pool.lookup(candidates[in_pool]) is not None:
+            in_pool += 1
+        self._tiers.prefetch(candidates[in_pool:])
 
     def allocate(
         self,
@@ -208,25 +223,32 @@ class KVCacheManager:
         return self._pool.take_evictions()
 
     # -- disaggregation hooks --------------------------------------------------------
-    def reserve_for_import(self, seq_id: str, token_ids: Sequence[int]) -> ImportReservation | None:
+    def reserve_for_import(
+        self, seq_id: str, token_ids: Sequence[int], record_hits: bool = True
+    ) -> ImportReservation | None:
         """Reserve blocks for all of ``token_ids`` whose KV another worker computed.
 
-        Leading blocks already cached here are reused (and reported, so the sender skips
-        them); the rest are fresh. Returns None (nothing changed) if blocks are short. After
-        the transfer: :meth:`commit_import`, or :meth:`free` if it failed.
+        Leading blocks already cached here, in the pool or a tier below it, are reused (and
+        reported, so the sender skips them; tier hits are queued as loads like
+        ``allocate``'s); the rest are fresh. Returns None (nothing changed) if blocks are
+        short. After the transfer: :meth:`commit_import`, or :meth:`free` if it failed.
+
+        ``record_hits``: count the reused blocks as prefix hits (a decode worker's import:
+        the blocks nobody had to send); not for a peer fetch's reservation or the holder's
+        hold on the blocks it sends, where the prefill that follows, if any, counts.
         """
         if not token_ids:
             raise ValueError(f"reserve_for_import({seq_id!r}): token_ids is empty")
         if seq_id in self._seqs:
             raise ValueError(f"reserve_for_import: sequence {seq_id!r} already holds blocks")
-        match = self._match(token_ids, len(token_ids))
-        state = self._adopt(seq_id, token_ids, match, len(token_ids))
+        match = self._match(token_ids, len(token_ids), self._tiers)
+        state = self._adopt(seq_id, token_ids, match, len(token_ids), record_hits)
         if state is None:
             return None
+        state.commit(token_ids, match.num_tokens)  # the tier hits are cached as they load
         state.import_token_ids = tuple(token_ids)
-        return ImportReservation(
-            seq_id, tuple(state.block_ids), len(match.block_ids), match.num_tokens
-        )
+        num_local = len(match.block_ids) + match.num_tier_blocks
+        return ImportReservation(seq_id, tuple(state.block_ids), num_local, match.num_tokens)
 
     def commit_import(self, seq_id: str) -> None:
         """The imported KV has landed: cache its full blocks. Idempotent."""
@@ -240,10 +262,28 @@ class KVCacheManager:
         return self._pool.drain_events()
 
     def cached_block_hashes(self) -> tuple[BlockHash, ...]:
+        """The hashes the pool caches (the tiers below it not included)."""
         return self._pool.cached_block_hashes()
 
+    def cached_blocks(self) -> CachedBlocks:
+        """Every hash this worker can serve, with the fastest tier holding it."""
+        return tier_events.cached_blocks(self._pool, self._tiers)
+
     def reset_prefix_cache(self) -> None:
+        """Forget the pool's cached hashes (``CacheCleared``); the tiers below keep theirs,
+        stored again by the events right after it."""
         self._pool.reset_prefix_cache()
+        if self._tiers is not None:
+            below = tier_events.below_pool(self._tiers, set())
+            for event in tier_events.stored_by_tier(below):
+                self._pool.record(event)
+
+    def publish_tier_moves(self) -> None:
+        """Record the KV events of what moved between the tiers since the last call (see
+        ``tier_events.tier_move_events``); call after the engine synced the tiers."""
+        if self._tiers is not None:
+            for event in tier_events.tier_move_events(self._pool, self._tiers):
+                self._pool.record(event)
 
     # -- internals -------------------------------------------------------------------
     def _state(self, seq_id: str) -> SequenceBlocks:
@@ -293,7 +333,12 @@ class KVCacheManager:
         return list(state.block_ids)
 
     def _adopt(
-        self, seq_id: str, token_ids: Sequence[int], prefix: PrefixMatch, num_tokens: int
+        self,
+        seq_id: str,
+        token_ids: Sequence[int],
+        prefix: PrefixMatch,
+        num_tokens: int,
+        record_hits: bool = True,
     ) -> SequenceBlocks | None:
         """New state: prefix blocks (touched) + fresh blocks up to ``num_tokens`` positions."""
         assert_match_current(self._pool, seq_id, prefix)
@@ -312,8 +357,9 @@ class KVCacheManager:
                 encoded_extra_keys=self._extra,
                 known_hashes=prefix.block_hashes,
             )
-            self.prefix_queried_tokens += len(token_ids)
-            self.prefix_hit_tokens += prefix.num_tokens
+            if record_hits:
+                self.prefix_queried_tokens += len(token_ids)
+                self.prefix_hit_tokens += prefix.num_tokens
         state = self._new_state(list(prefix.block_ids) + fresh, hasher, len(prefix.block_ids))
         self._seqs[seq_id] = state
         return state

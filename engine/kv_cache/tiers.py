@@ -1,25 +1,54 @@
 """What the prefix cache knows of the tiers under the pool (pure: no torch, no I/O).
 
 A full, cached block evicted from the pool may live on below it, in host memory or on disk
-(``engine/tiers/``). The manager only needs to ask whether a hash is held there; the engine
-moves the bytes. :class:`LruBytes` is the replacement policy every tier shares.
+(``engine/tiers/``). The manager asks whether a hash is held there, in which tier, and which
+blocks moved (for the KV events); the engine moves the bytes. :class:`LruBytes` is the
+replacement policy every tier shares.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Protocol
 
 from pdserve.engine.kv_cache.hashing import BlockHash
 
 
+class KVTier(IntEnum):
+    """Where a cached block lives, fastest first. The values are the locality index's codes
+    (docs/redis-schema.md), so they never change."""
+
+    POOL = 1
+    HOST = 2
+    DISK = 3
+
+
 class LowerTiers(Protocol):
-    """The tiers below the pool, as the prefix lookup sees them."""
+    """The tiers below the pool, as the prefix lookup and the KV events see them."""
 
     def holds(self, block_hash: BlockHash) -> bool:
-        """Whether some tier can load the block with this hash back into the pool."""
+        """Whether some tier can load the block with this hash back into the pool (a disk
+        tier may read the block ahead here)."""
+        ...
+
+    def prefetch(self, block_hashes: Sequence[BlockHash]) -> None:
+        """A prompt with these block hashes arrived: a slow tier may start reading them."""
+        ...
+
+    def tier_of(self, block_hash: BlockHash) -> KVTier | None:
+        """The fastest tier below the pool that holds the block, without reading it."""
+        ...
+
+    def block_hashes(self, tier: KVTier) -> Iterable[BlockHash]:
+        """Every hash ``tier`` (``HOST`` or ``DISK``) holds."""
+        ...
+
+    def take_moved(self) -> list[BlockHash]:
+        """Hashes whose place may have changed since the last call (stored in a tier, pushed
+        down, dropped), oldest first; clears them."""
         ...
 
 
@@ -78,7 +107,8 @@ class TierStats:
     """The tiers' counters since the engine started (zeros when no tier is configured).
 
     Hits are prompt tokens served from a tier (they count as prefix-hit tokens too); bytes
-    are the int8 payloads moved: into a tier when stored, out of it when loaded back.
+    are the codec's payloads moved (``engine/tiers/codec.py``): into a tier when stored, out of
+    it when loaded back.
     """
 
     host_hit_tokens: int = 0

@@ -199,13 +199,13 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
         attn: AttentionMetadata,
-        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D]
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, row] (attention/base.py)
     ) -> torch.Tensor:
         """Run the decoder over a flat batch; returns final-normed hidden states ``[T, hidden]``."""
         cos, sin = self.rotary.lookup(positions)
         x = self.embed_tokens(input_ids)  # [T, hidden]
         if self.native_layers is not None:
-            step = attn.backend.bind_native_decode(attn, kv_cache, self.config.num_heads)
+            step = attn.backend.bind_native_decode(attn, kv_cache, x.dtype, self.config.num_heads)
             if step is not None:  # the same kernels, called without the modules
                 return self.norm(self.native_layers.run(x, cos, sin, step))
         for layer in self.layers:

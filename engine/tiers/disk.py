@@ -4,31 +4,35 @@ Files are written whole to a temporary name and renamed, so a crash leaves eithe
 state or a complete file (plus a ``.tmp`` that the next start deletes). At start the tier
 indexes the files it finds by their headers, oldest modification first; a file that fails
 its header or checksum is logged and deleted. A failed write (a full disk) stops the tier
-from writing, with one log line; what it holds stays readable.
+from writing, with one log line; what it holds stays readable. What it drops after start
+(evicted, or failing its checks) is listed until :meth:`DiskTier.take_dropped`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+import torch
 
 from pdserve.engine.kv_cache.hashing import BlockHash
 from pdserve.engine.kv_cache.tiers import LruBytes
+from pdserve.engine.tiers.codec import TierCodec
 from pdserve.engine.tiers.disk_format import (
     HEADER_PROBE_BYTES,
-    BlockShape,
     TierFileError,
     TierFileHeader,
     decode_file,
     decode_header,
-    decode_payload,
     encode_file,
-    encode_payload,
 )
-from pdserve.kv_codec import Int8Blocks
 
 log = logging.getLogger(__name__)
+
+# A block's payload and the bytes read, or why its file cannot be trusted.
+ReadResult = tuple[torch.Tensor, int] | OSError | TierFileError
 
 SUFFIX = ".kvblock"
 
@@ -42,17 +46,19 @@ def write_file(path: Path, data: bytes) -> None:
 
 
 class DiskTier:
-    """Blocks of one model and block shape, as files under ``directory``."""
+    """Payloads of one model and codec (which fixes the block shape), as files under
+    ``directory``."""
 
     def __init__(
-        self, directory: str | Path, capacity_bytes: int, model_id: str, shape: BlockShape
+        self, directory: str | Path, capacity_bytes: int, model_id: str, codec: TierCodec
     ) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._model_id = model_id
-        self._shape = shape
+        self._codec = codec
         self._lru = LruBytes(capacity_bytes)
         self.stopped = False
+        self._dropped: list[BlockHash] = []
         self._index_existing()
 
     @property
@@ -65,11 +71,22 @@ class DiskTier:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def put(self, block_hash: BlockHash, q: Int8Blocks) -> int:
-        """Store ``q`` as most recent; return the bytes written (0 once stopped or failed)."""
+    def __iter__(self) -> Iterator[BlockHash]:
+        """Least recently used first."""
+        return iter(self._lru)
+
+    def take_dropped(self) -> list[BlockHash]:
+        """Hashes dropped since the last call (evicted, or their file failed its checks)."""
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
+    def put(self, block_hash: BlockHash, payload: torch.Tensor) -> int:
+        """Store ``payload`` as most recent; return the bytes written (0 once stopped or
+        failed)."""
         if self.stopped:
             return 0
-        data = encode_file(block_hash, self._model_id, self._shape, encode_payload(q))
+        c = self._codec
+        data = encode_file(block_hash, self._model_id, c.tag, c.shape, payload.numpy().tobytes())
         try:
             write_file(self._path(block_hash), data)
         except OSError as err:
@@ -78,27 +95,43 @@ class DiskTier:
             return 0
         for evicted in self._lru.add(block_hash, len(data)):
             self._delete(evicted)
+            self._dropped.append(evicted)
         return len(data)
 
-    def get(self, block_hash: BlockHash) -> tuple[Int8Blocks, int] | None:
-        """The block and the bytes read, or None (not held, or its file failed its checks:
+    def get(self, block_hash: BlockHash) -> tuple[torch.Tensor, int] | None:
+        """The payload and the bytes read, or None (not held, or its file failed its checks:
         then the file is logged and deleted)."""
         if block_hash not in self._lru:
             return None
-        path = self._path(block_hash)
+        return self.accept(block_hash, self.read(block_hash))
+
+    def read(self, block_hash: BlockHash) -> ReadResult:
+        """Read and check the block's file, changing nothing: safe off the engine's thread
+        (a prefetch), with :meth:`accept` on it afterwards."""
         try:
-            data = path.read_bytes()
+            data = self._path(block_hash).read_bytes()
             header, payload = decode_file(data)
             self._check_header_is_ours(header)
             if header.block_hash != block_hash:
                 raise TierFileError(f"holds block {header.block_hash:016x}")
         except (OSError, TierFileError) as err:
-            log.warning("disk KV tier: dropping %s: %s", path.name, err)
+            return err
+        return torch.frombuffer(bytearray(payload), dtype=torch.uint8), len(data)
+
+    def accept(self, block_hash: BlockHash, result: ReadResult) -> tuple[torch.Tensor, int] | None:
+        """What :meth:`read` gave, on the engine's thread: the payload (now most recent), or
+        None; a file that failed its checks is logged and deleted."""
+        if block_hash not in self._lru:
+            return None  # evicted since the read
+        if isinstance(result, Exception):
+            path = self._path(block_hash)
+            log.warning("disk KV tier: dropping %s: %s", path.name, result)
             self._lru.remove(block_hash)
             self._unlink(path)
+            self._dropped.append(block_hash)
             return None
         self._lru.touch(block_hash)
-        return decode_payload(payload, self._shape), len(data)
+        return result
 
     # -- internals ---------------------------------------------------------------------
     def _path(self, block_hash: BlockHash) -> Path:
@@ -114,14 +147,13 @@ class DiskTier:
             log.warning("disk KV tier: cannot delete %s: %s", path, err)
 
     def _check_header_is_ours(self, header: TierFileHeader) -> None:
-        if header.model_id != self._model_id or header.shape != self._shape:
+        c = self._codec
+        theirs = (header.model_id, header.codec_tag, header.shape)
+        if theirs != (self._model_id, c.tag, c.shape):
+            raise TierFileError(f"holds {theirs}, not {(self._model_id, c.tag, c.shape)}")
+        if header.payload_bytes != c.payload_bytes:
             raise TierFileError(
-                f"holds {header.model_id} {header.shape}, not {self._model_id} {self._shape}"
-            )
-        if header.payload_bytes != self._shape.payload_bytes():
-            raise TierFileError(
-                f"payload of {header.payload_bytes} bytes, the shape needs "
-                f"{self._shape.payload_bytes()}"
+                f"payload of {header.payload_bytes} bytes, the codec needs {c.payload_bytes}"
             )
 
     def _index_existing(self) -> None:

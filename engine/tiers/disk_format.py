@@ -1,18 +1,20 @@
-"""One file per block on the disk tier: a small header, then the int8 payload.
+"""One file per block on the disk tier: a small header, then the codec's payload.
 
-    offset  size  field
-    0       4     magic b"PDKT"
-    4       2     version (1)
-    6       2     model id length m
-    8       8     block hash (u64)
-    16      4     num_layers     \\
-    20      4     block_size      |  the block shape the payload has
-    24      4     num_kv_heads    |
-    28      4     head_dim       /
-    32      8     payload length
-    40      4     crc32 of the payload
-    44      m     model id (utf-8)
-    44 + m  ...   payload: k_scales (bf16), v_scales (bf16), values (int8), as in kv_codec
+    offset      size  field
+    0           4     magic b"PDKT"
+    4           2     version (2)
+    6           2     model id length m
+    8           8     block hash (u64)
+    16          4     num_layers     \\
+    20          4     block_size      |  the block shape the payload has
+    24          4     num_kv_heads    |
+    28          4     head_dim       /
+    32          8     payload length
+    40          4     crc32 of the payload
+    44          2     codec tag length t
+    46          m     model id (utf-8)
+    46 + m      t     codec tag (utf-8, ``TierCodec.tag``: "exact-bfloat16", "int8", ...)
+    46 + m + t  ...   payload, as ``engine/tiers/codec.py`` lays it out
 
 All integers little-endian. A file whose length is not ``header + payload length`` is
 truncated; a payload whose crc32 differs is corrupt.
@@ -24,14 +26,12 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-import torch
-
 from pdserve.engine.kv_cache.hashing import BlockHash
-from pdserve.kv_codec import SCALE_DTYPE, Int8Blocks
+from pdserve.engine.tiers.codec import BlockShape
 
 MAGIC = b"PDKT"
-VERSION = 1
-_FIXED = struct.Struct("<4sHHQIIIIQI")
+VERSION = 2
+_FIXED = struct.Struct("<4sHHQIIIIQIH")
 
 
 class TierFileError(ValueError):
@@ -39,58 +39,23 @@ class TierFileError(ValueError):
 
 
 @dataclass(slots=True, frozen=True)
-class BlockShape:
-    """One block's shape: ``[num_layers, 2, block_size, num_kv_heads, head_dim]``."""
-
-    num_layers: int
-    block_size: int
-    num_kv_heads: int
-    head_dim: int
-
-    @classmethod
-    def of_pool(cls, pool: torch.Tensor) -> BlockShape:
-        _num_blocks, layers, _two, block_size, heads, head_dim = pool.shape
-        return cls(layers, block_size, heads, head_dim)
-
-    def payload_bytes(self) -> int:
-        scales = self.num_layers * self.num_kv_heads * (self.head_dim + self.block_size)
-        values = self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim
-        return scales * SCALE_DTYPE.itemsize + values
-
-
-@dataclass(slots=True, frozen=True)
 class TierFileHeader:
     block_hash: BlockHash
     model_id: str
+    codec_tag: str
     shape: BlockShape
     payload_bytes: int
     crc32: int
 
     @property
     def header_bytes(self) -> int:
-        return _FIXED.size + len(self.model_id.encode())
+        return _FIXED.size + len(self.model_id.encode()) + len(self.codec_tag.encode())
 
 
-def encode_payload(q: Int8Blocks) -> bytes:
-    """One quantized block (``n == 1``) as payload bytes."""
-    parts = (q.k_scales, q.v_scales, q.values)
-    return b"".join(p.contiguous().view(torch.uint8).numpy().tobytes() for p in parts)
-
-
-def decode_payload(payload: bytes, shape: BlockShape) -> Int8Blocks:
-    raw = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    layers, bs, heads, dim = shape.num_layers, shape.block_size, shape.num_kv_heads, shape.head_dim
-    k_end = layers * heads * dim * SCALE_DTYPE.itemsize
-    v_end = k_end + layers * bs * heads * SCALE_DTYPE.itemsize
-    return Int8Blocks(
-        values=raw[v_end:].view(torch.int8).reshape(1, layers, 2, bs, heads, dim),
-        k_scales=raw[:k_end].view(SCALE_DTYPE).reshape(1, layers, heads, dim),
-        v_scales=raw[k_end:v_end].view(SCALE_DTYPE).reshape(1, layers, bs, heads),
-    )
-
-
-def encode_file(block_hash: BlockHash, model_id: str, shape: BlockShape, payload: bytes) -> bytes:
-    model = model_id.encode()
+def encode_file(
+    block_hash: BlockHash, model_id: str, codec_tag: str, shape: BlockShape, payload: bytes
+) -> bytes:
+    model, tag = model_id.encode(), codec_tag.encode()
     fixed = _FIXED.pack(
         MAGIC,
         VERSION,
@@ -102,21 +67,25 @@ def encode_file(block_hash: BlockHash, model_id: str, shape: BlockShape, payload
         shape.head_dim,
         len(payload),
         zlib.crc32(payload),
+        len(tag),
     )
-    return fixed + model + payload
+    return fixed + model + tag + payload
 
 
 def decode_header(head: bytes) -> TierFileHeader:
     """The header at the start of ``head`` (which may hold more bytes than the header)."""
     if len(head) < _FIXED.size:
         raise TierFileError(f"{len(head)} bytes, shorter than the {_FIXED.size}-byte header")
-    magic, version, model_len, block_hash, *dims, payload_len, crc = _FIXED.unpack_from(head)
+    magic, version, model_len, block_hash, *dims, payload_len, crc, tag_len = _FIXED.unpack_from(
+        head
+    )
     if magic != MAGIC or version != VERSION:
         raise TierFileError(f"magic {magic!r} version {version}, want {MAGIC!r} {VERSION}")
-    model = head[_FIXED.size : _FIXED.size + model_len]
-    if len(model) != model_len:
-        raise TierFileError(f"model id cut short: {len(model)} of {model_len} bytes")
-    return TierFileHeader(block_hash, model.decode(), BlockShape(*dims), payload_len, crc)
+    names = head[_FIXED.size : _FIXED.size + model_len + tag_len]
+    if len(names) != model_len + tag_len:
+        raise TierFileError(f"model id and codec cut short: {len(names)} of {model_len + tag_len}")
+    model, tag = names[:model_len].decode(), names[model_len:].decode()
+    return TierFileHeader(block_hash, model, tag, BlockShape(*dims), payload_len, crc)
 
 
 def decode_file(data: bytes) -> tuple[TierFileHeader, bytes]:
@@ -130,4 +99,4 @@ def decode_file(data: bytes) -> tuple[TierFileHeader, bytes]:
     return header, payload
 
 
-HEADER_PROBE_BYTES = _FIXED.size + 1024  # enough for any model id read at indexing
+HEADER_PROBE_BYTES = _FIXED.size + 1024  # enough for any model id and codec tag

@@ -1,22 +1,22 @@
-"""The host-memory tier: int8 blocks evicted from the pool, bounded in bytes, LRU."""
+"""The host-memory tier: encoded blocks evicted from the pool, bounded in bytes, LRU."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import torch
+
 from pdserve.engine.kv_cache.hashing import BlockHash
 from pdserve.engine.kv_cache.tiers import LruBytes
-from pdserve.kv_codec import Int8Blocks
-
-
-def int8_bytes(q: Int8Blocks) -> int:
-    return sum(t.numel() * t.element_size() for t in (q.values, q.k_scales, q.v_scales))
 
 
 class HostTier:
-    """Quantized blocks by hash within ``capacity_bytes``; ``put`` hands back what it spills."""
+    """Payloads (flat ``uint8``, see ``codec.py``) by hash within ``capacity_bytes``; ``put``
+    hands back what it spills."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self._lru = LruBytes(capacity_bytes)
-        self._blocks: dict[BlockHash, Int8Blocks] = {}
+        self._blocks: dict[BlockHash, torch.Tensor] = {}
 
     @property
     def used_bytes(self) -> int:
@@ -25,19 +25,25 @@ class HostTier:
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._blocks
 
-    def put(self, block_hash: BlockHash, q: Int8Blocks) -> list[tuple[BlockHash, Int8Blocks]]:
-        """Keep ``q`` as most recent; return the blocks pushed out (oldest first), possibly
-        ``q`` itself when it is larger than the whole tier."""
-        self._blocks[block_hash] = q
-        spilled = self._lru.add(block_hash, int8_bytes(q))
+    def __iter__(self) -> Iterator[BlockHash]:
+        """Least recently used first."""
+        return iter(self._lru)
+
+    def put(
+        self, block_hash: BlockHash, payload: torch.Tensor
+    ) -> list[tuple[BlockHash, torch.Tensor]]:
+        """Keep ``payload`` as most recent; return the payloads pushed out (oldest first),
+        possibly this one when it is larger than the whole tier."""
+        self._blocks[block_hash] = payload
+        spilled = self._lru.add(block_hash, payload.numel())
         return [(h, self._blocks.pop(h)) for h in spilled]
 
-    def get(self, block_hash: BlockHash) -> Int8Blocks | None:
-        """The block (now most recent), or None."""
-        q = self._blocks.get(block_hash)
-        if q is not None:
+    def get(self, block_hash: BlockHash) -> torch.Tensor | None:
+        """The payload (now most recent), or None."""
+        payload = self._blocks.get(block_hash)
+        if payload is not None:
             self._lru.touch(block_hash)
-        return q
+        return payload
 
     def touch(self, block_hash: BlockHash) -> None:
         self._lru.touch(block_hash)

@@ -36,6 +36,7 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         include_stop_str_in_output=params.include_stop_str_in_output,
         ignore_eos=params.ignore_eos,
         n=params.n,
+        prior_output_tokens=params.prior_output_tokens,
     )
     if params.seed is not None:
         msg.seed = params.seed

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 WORKER_NS = "worker:"
 WORKERS_SET = "workers"
+DRAINING_NS = "draining:"
 EPOCH_COUNTER = "epoch_counter"
 RUN_ID = "run_id"
 BLOCK_BITS_NS = "idx:bits:"
@@ -26,6 +27,7 @@ POOL_TARGET = "pool_target"
 SLO_ROUTER_NS = "slo:router:"
 SLO_ROUTERS_SET = "slo:routers"
 CAPACITY_PROFILE = "autoscale:profile"
+WORKER_TEMPLATE = "cluster:worker_template"
 
 # Substituted into Lua script templates ($worker_ns ...), so scripts and Python agree.
 LUA_NAMESPACES: dict[str, str] = {
@@ -102,6 +104,11 @@ class RedisKeys:
         """SET: ids that registered; members whose lease lapsed are pruned on listing."""
         return self.prefix + WORKERS_SET
 
+    def draining(self, worker_id: str) -> str:
+        """STRING: present while a worker is drained for removal (the router routes nothing
+        to it); expires on its own, so a scale-in that never came gives the worker back."""
+        return self.prefix + DRAINING_NS + worker_id
+
     @property
     def epoch_counter(self) -> str:
         """STRING: the last epoch handed out (epochs only grow, see registry.allocate_epoch)."""
@@ -133,6 +140,13 @@ class RedisKeys:
     def index_workers(self) -> str:
         """SET: ids that have entries (or state) in the locality index."""
         return self.prefix + INDEX_WORKERS_SET
+
+    @property
+    def worker_template(self) -> str:
+        """STRING (JSON): how the head starts its workers (model, dtype, KV backend, server
+        flags, agent settings); no TTL. Written by `pdserve up`, read by `pdserve join`,
+        which starts its own workers the same way."""
+        return self.prefix + WORKER_TEMPLATE
 
     @property
     def pool_target(self) -> str:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdserve.proto import common_pb2 as pdserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/worker.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"k\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\"\x8f\x01\n\rKVDestination\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x03 \x01(\x0c\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12\x1a\n\x12num_present_blocks\x18\x05 \x01(\r\x12\x13\n\x0btransfer_id\x18\x06 \x01(\t\"\x9a\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12.\n\x0b\x64\x65stination\x18\x04 \x01(\x0b\x32\x19.pdserve.v1.KVDestination\"v\n\x0cPrefillEvent\x12-\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.TokenChunkH\x00\x12.\n\x08transfer\x18\x02 \x01(\x0b\x32\x1a.pdserve.v1.TransferReportH\x00\x42\x07\n\x05\x65vent\"\x95\x01\n\x0eTransferReport\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x13\n\x0b\x62locks_sent\x18\x05 \x01(\r\x12\x16\n\x0e\x62locks_skipped\x18\x06 \x01(\r\x12\x1b\n\x13since_first_token_s\x18\x07 \x01(\x01\"@\n\x10ReserveKVRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\"U\n\x11ReserveKVResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12.\n\x0b\x64\x65stination\x18\x02 \x01(\x0b\x32\x19.pdserve.v1.KVDestination\"\xb2\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12+\n\x0b\x66irst_token\x18\x04 \x01(\x0b\x32\x16.pdserve.v1.TokenChunk\x12\x1a\n\x12transfer_timeout_s\x18\x05 \x01(\x01\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\x85\x05\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07waiting\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x05 \x01(\r\x12\x15\n\rcached_blocks\x18\x06 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x07 \x01(\r\x12\x19\n\x11prefix_hit_tokens\x18\x08 \x01(\x04\x12\x15\n\rprompt_tokens\x18\t \x01(\x04\x12\x18\n\x10generated_tokens\x18\n \x01(\x04\x12\x16\n\x0etransfer_bytes\x18\x0b \x01(\x04\x12\x14\n\x0ctransfers_ok\x18\x0c \x01(\x04\x12\x18\n\x10transfers_failed\x18\r \x01(\x04\x12\x1b\n\x13recompute_fallbacks\x18\x0e \x01(\x04\x12\r\n\x05\x65poch\x18\x0f \x01(\r\x12\x1b\n\x13transfers_in_flight\x18\x10 \x01(\r\x12\x19\n\x11spec_verify_steps\x18\x11 \x01(\x04\x12\x1c\n\x14spec_proposed_tokens\x18\x12 \x01(\x04\x12\x1c\n\x14spec_accepted_tokens\x18\x13 \x01(\x04\x12#\n\x1bspec_branch_accepted_tokens\x18\x14 \x01(\x04\x12%\n\x1dspec_acceptance_length_counts\x18\x15 \x03(\x04\x12*\n\thost_tier\x18\x16 \x01(\x0b\x32\x17.pdserve.v1.KVTierStats\x12*\n\tdisk_tier\x18\x17 \x01(\x0b\x32\x17.pdserve.v1.KVTierStats\x12\x19\n\x11\x64isk_tier_stopped\x18\x18 \x01(\x08\"q\n\x0bKVTierStats\x12\x12\n\nhit_tokens\x18\x01 \x01(\x04\x12\x15\n\rstored_blocks\x18\x02 \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\x03 \x01(\x04\x12\x11\n\tbytes_out\x18\x04 \x01(\x04\x12\x12\n\nused_bytes\x18\x05 \x01(\x04\x32\x97\x03\n\x06Worker\x12\x41\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x16.pdserve.v1.TokenChunk0\x01\x12\x41\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x18.pdserve.v1.PrefillEvent0\x01\x12H\n\tReserveKV\x12\x1c.pdserve.v1.ReserveKVRequest\x1a\x1d.pdserve.v1.ReserveKVResponse\x12=\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x16.pdserve.v1.TokenChunk0\x01\x12?\n\x06\x43\x61ncel\x12\x19.pdserve.v1.CancelRequest\x1a\x1a.pdserve.v1.CancelResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdserve/v1/worker.proto\x12\npdserve.v1\x1a\x17pdserve/v1/common.proto\"k\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\"\x8f\x01\n\rKVDestination\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x03 \x01(\x0c\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12\x1a\n\x12num_present_blocks\x18\x05 \x01(\r\x12\x13\n\x0btransfer_id\x18\x06 \x01(\t\"\xc7\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12.\n\x0b\x64\x65stination\x18\x04 \x01(\x0b\x32\x19.pdserve.v1.KVDestination\x12+\n\x0bpeer_prefix\x18\x05 \x01(\x0b\x32\x16.pdserve.v1.PeerPrefix\"D\n\nPeerPrefix\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\"n\n\x0e\x46\x65tchKVRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12.\n\x0b\x64\x65stination\x18\x03 \x01(\x0b\x32\x19.pdserve.v1.KVDestination\"v\n\x0cPrefillEvent\x12-\n\x0b\x66irst_token\x18\x01 \x01(\x0b\x32\x16.pdserve.v1.TokenChunkH\x00\x12.\n\x08transfer\x18\x02 \x01(\x0b\x32\x1a.pdserve.v1.TransferReportH\x00\x42\x07\n\x05\x65vent\"\x95\x01\n\x0eTransferReport\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x04\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x13\n\x0b\x62locks_sent\x18\x05 \x01(\r\x12\x16\n\x0e\x62locks_skipped\x18\x06 \x01(\r\x12\x1b\n\x13since_first_token_s\x18\x07 \x01(\x01\"@\n\x10ReserveKVRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\"U\n\x11ReserveKVResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12.\n\x0b\x64\x65stination\x18\x02 \x01(\x0b\x32\x19.pdserve.v1.KVDestination\"\xb2\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.pdserve.v1.SamplingParams\x12+\n\x0b\x66irst_token\x18\x04 \x01(\x0b\x32\x16.pdserve.v1.TokenChunk\x12\x1a\n\x12transfer_timeout_s\x18\x05 \x01(\x01\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xf0\x05\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07waiting\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x05 \x01(\r\x12\x15\n\rcached_blocks\x18\x06 \x01(\r\x12\x14\n\x0ctotal_blocks\x18\x07 \x01(\r\x12\x19\n\x11prefix_hit_tokens\x18\x08 \x01(\x04\x12\x15\n\rprompt_tokens\x18\t \x01(\x04\x12\x18\n\x10generated_tokens\x18\n \x01(\x04\x12\x16\n\x0etransfer_bytes\x18\x0b \x01(\x04\x12\x14\n\x0ctransfers_ok\x18\x0c \x01(\x04\x12\x18\n\x10transfers_failed\x18\r \x01(\x04\x12\x1b\n\x13recompute_fallbacks\x18\x0e \x01(\x04\x12\r\n\x05\x65poch\x18\x0f \x01(\r\x12\x1b\n\x13transfers_in_flight\x18\x10 \x01(\r\x12\x19\n\x11spec_verify_steps\x18\x11 \x01(\x04\x12\x1c\n\x14spec_proposed_tokens\x18\x12 \x01(\x04\x12\x1c\n\x14spec_accepted_tokens\x18\x13 \x01(\x04\x12#\n\x1bspec_branch_accepted_tokens\x18\x14 \x01(\x04\x12%\n\x1dspec_acceptance_length_counts\x18\x15 \x03(\x04\x12*\n\thost_tier\x18\x16 \x01(\x0b\x32\x17.pdserve.v1.KVTierStats\x12*\n\tdisk_tier\x18\x17 \x01(\x0b\x32\x17.pdserve.v1.KVTierStats\x12\x19\n\x11\x64isk_tier_stopped\x18\x18 \x01(\x08\x12\x14\n\x0cpeer_fetches\x18\x19 \x01(\x04\x12\x1b\n\x13peer_fetched_blocks\x18\x1a \x01(\x04\x12\x1a\n\x12peer_fetched_bytes\x18\x1b \x01(\x04\x12\x1a\n\x12peer_served_blocks\x18\x1c \x01(\x04\"q\n\x0bKVTierStats\x12\x12\n\nhit_tokens\x18\x01 \x01(\x04\x12\x15\n\rstored_blocks\x18\x02 \x01(\x04\x12\x10\n\x08\x62ytes_in\x18\x03 \x01(\x04\x12\x11\n\tbytes_out\x18\x04 \x01(\x04\x12\x12\n\nused_bytes\x18\x05 \x01(\x04\x32\xda\x03\n\x06Worker\x12\x41\n\x08Generate\x12\x1b.pdserve.v1.GenerateRequest\x1a\x16.pdserve.v1.TokenChunk0\x01\x12\x41\n\x07Prefill\x12\x1a.pdserve.v1.PrefillRequest\x1a\x18.pdserve.v1.PrefillEvent0\x01\x12H\n\tReserveKV\x12\x1c.pdserve.v1.ReserveKVRequest\x1a\x1d.pdserve.v1.ReserveKVResponse\x12=\n\x06\x44\x65\x63ode\x12\x19.pdserve.v1.DecodeRequest\x1a\x16.pdserve.v1.TokenChunk0\x01\x12\x41\n\x07\x46\x65tchKV\x12\x1a.pdserve.v1.FetchKVRequest\x1a\x1a.pdserve.v1.TransferReport\x12?\n\x06\x43\x61ncel\x12\x19.pdserve.v1.CancelRequest\x1a\x1a.pdserve.v1.CancelResponse\x12=\n\x08GetStats\x12\x18.pdserve.v1.StatsRequest\x1a\x17.pdserve.v1.WorkerStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,27 +37,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVDESTINATION']._serialized_start=174
   _globals['_KVDESTINATION']._serialized_end=317
   _globals['_PREFILLREQUEST']._serialized_start=320
-  _globals['_PREFILLREQUEST']._serialized_end=474
-  _globals['_PREFILLEVENT']._serialized_start=476
-  _globals['_PREFILLEVENT']._serialized_end=594
-  _globals['_TRANSFERREPORT']._serialized_start=597
-  _globals['_TRANSFERREPORT']._serialized_end=746
-  _globals['_RESERVEKVREQUEST']._serialized_start=748
-  _globals['_RESERVEKVREQUEST']._serialized_end=812
-  _globals['_RESERVEKVRESPONSE']._serialized_start=814
-  _globals['_RESERVEKVRESPONSE']._serialized_end=899
-  _globals['_DECODEREQUEST']._serialized_start=902
-  _globals['_DECODEREQUEST']._serialized_end=1080
-  _globals['_CANCELREQUEST']._serialized_start=1082
-  _globals['_CANCELREQUEST']._serialized_end=1117
-  _globals['_CANCELRESPONSE']._serialized_start=1119
-  _globals['_CANCELRESPONSE']._serialized_end=1150
-  _globals['_STATSREQUEST']._serialized_start=1152
-  _globals['_STATSREQUEST']._serialized_end=1166
-  _globals['_WORKERSTATS']._serialized_start=1169
-  _globals['_WORKERSTATS']._serialized_end=1814
-  _globals['_KVTIERSTATS']._serialized_start=1816
-  _globals['_KVTIERSTATS']._serialized_end=1929
-  _globals['_WORKER']._serialized_start=1932
-  _globals['_WORKER']._serialized_end=2339
+  _globals['_PREFILLREQUEST']._serialized_end=519
+  _globals['_PEERPREFIX']._serialized_start=521
+  _globals['_PEERPREFIX']._serialized_end=589
+  _globals['_FETCHKVREQUEST']._serialized_start=591
+  _globals['_FETCHKVREQUEST']._serialized_end=701
+  _globals['_PREFILLEVENT']._serialized_start=703
+  _globals['_PREFILLEVENT']._serialized_end=821
+  _globals['_TRANSFERREPORT']._serialized_start=824
+  _globals['_TRANSFERREPORT']._serialized_end=973
+  _globals['_RESERVEKVREQUEST']._serialized_start=975
+  _globals['_RESERVEKVREQUEST']._serialized_end=1039
+  _globals['_RESERVEKVRESPONSE']._serialized_start=1041
+  _globals['_RESERVEKVRESPONSE']._serialized_end=1126
+  _globals['_DECODEREQUEST']._serialized_start=1129
+  _globals['_DECODEREQUEST']._serialized_end=1307
+  _globals['_CANCELREQUEST']._serialized_start=1309
+  _globals['_CANCELREQUEST']._serialized_end=1344
+  _globals['_CANCELRESPONSE']._serialized_start=1346
+  _globals['_CANCELRESPONSE']._serialized_end=1377
+  _globals['_STATSREQUEST']._serialized_start=1379
+  _globals['_STATSREQUEST']._serialized_end=1393
+  _globals['_WORKERSTATS']._serialized_start=1396
+  _globals['_WORKERSTATS']._serialized_end=2148
+  _globals['_KVTIERSTATS']._serialized_start=2150
+  _globals['_KVTIERSTATS']._serialized_end=2263
+  _globals['_WORKER']._serialized_start=2266
+  _globals['_WORKER']._serialized_end=2740
 # @@protoc_insertion_point(module_scope)

@@ -34,16 +34,38 @@ class KVDestination(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., backend: _Optional[str] = ..., agent_metadata: _Optional[bytes] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_present_blocks: _Optional[int] = ..., transfer_id: _Optional[str] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "params", "destination")
+    __slots__ = ("request_id", "prompt_token_ids", "params", "destination", "peer_prefix")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    PEER_PREFIX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     destination: KVDestination
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., destination: _Optional[_Union[KVDestination, _Mapping]] = ...) -> None: ...
+    peer_prefix: PeerPrefix
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., destination: _Optional[_Union[KVDestination, _Mapping]] = ..., peer_prefix: _Optional[_Union[PeerPrefix, _Mapping]] = ...) -> None: ...
+
+class PeerPrefix(_message.Message):
+    __slots__ = ("worker_id", "address", "num_blocks")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    num_blocks: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+
+class FetchKVRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "destination")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    destination: KVDestination
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., destination: _Optional[_Union[KVDestination, _Mapping]] = ...) -> None: ...
 
 class PrefillEvent(_message.Message):
     __slots__ = ("first_token", "transfer")
@@ -118,7 +140,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "role", "waiting", "running", "free_blocks", "cached_blocks", "total_blocks", "prefix_hit_tokens", "prompt_tokens", "generated_tokens", "transfer_bytes", "transfers_ok", "transfers_failed", "recompute_fallbacks", "epoch", "transfers_in_flight", "spec_verify_steps", "spec_proposed_tokens", "spec_accepted_tokens", "spec_branch_accepted_tokens", "spec_acceptance_length_counts", "host_tier", "disk_tier", "disk_tier_stopped")
+    __slots__ = ("worker_id", "role", "waiting", "running", "free_blocks", "cached_blocks", "total_blocks", "prefix_hit_tokens", "prompt_tokens", "generated_tokens", "transfer_bytes", "transfers_ok", "transfers_failed", "recompute_fallbacks", "epoch", "transfers_in_flight", "spec_verify_steps", "spec_proposed_tokens", "spec_accepted_tokens", "spec_branch_accepted_tokens", "spec_acceptance_length_counts", "host_tier", "disk_tier", "disk_tier_stopped", "peer_fetches", "peer_fetched_blocks", "peer_fetched_bytes", "peer_served_blocks")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +165,10 @@ class WorkerStats(_message.Message):
     HOST_TIER_FIELD_NUMBER: _ClassVar[int]
     DISK_TIER_FIELD_NUMBER: _ClassVar[int]
     DISK_TIER_STOPPED_FIELD_NUMBER: _ClassVar[int]
+    PEER_FETCHES_FIELD_NUMBER: _ClassVar[int]
+    PEER_FETCHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PEER_FETCHED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PEER_SERVED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     waiting: int
@@ -167,7 +193,11 @@ class WorkerStats(_message.Message):
     host_tier: KVTierStats
     disk_tier: KVTierStats
     disk_tier_stopped: bool
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., transfers_ok: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., recompute_fallbacks: _Optional[int] = ..., epoch: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ..., spec_verify_steps: _Optional[int] = ..., spec_proposed_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., spec_branch_accepted_tokens: _Optional[int] = ..., spec_acceptance_length_counts: _Optional[_Iterable[int]] = ..., host_tier: _Optional[_Union[KVTierStats, _Mapping]] = ..., disk_tier: _Optional[_Union[KVTierStats, _Mapping]] = ..., disk_tier_stopped: _Optional[bool] = ...) -> None: ...
+    peer_fetches: int
+    peer_fetched_blocks: int
+    peer_fetched_bytes: int
+    peer_served_blocks: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., free_blocks: _Optional[int] = ..., cached_blocks: _Optional[int] = ..., total_blocks: _Optional[int] = ..., prefix_hit_tokens: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., transfer_bytes: _Optional[int] = ..., transfers_ok: _Optional[int] = ..., transfers_failed: _Optional[int] = ..., recompute_fallbacks: _Optional[int] = ..., epoch: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ..., spec_verify_steps: _Optional[int] = ..., spec_proposed_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., spec_branch_accepted_tokens: _Optional[int] = ..., spec_acceptance_length_counts: _Optional[_Iterable[int]] = ..., host_tier: _Optional[_Union[KVTierStats, _Mapping]] = ..., disk_tier: _Optional[_Union[KVTierStats, _Mapping]] = ..., disk_tier_stopped: _Optional[bool] = ..., peer_fetches: _Optional[int] = ..., peer_fetched_blocks: _Optional[int] = ..., peer_fetched_bytes: _Optional[int] = ..., peer_served_blocks: _Optional[int] = ...) -> None: ...
 
 class KVTierStats(_message.Message):
     __slots__ = ("hit_tokens", "stored_blocks", "bytes_in", "bytes_out", "used_bytes")

@@ -58,6 +58,11 @@ class WorkerStub:
                 request_serializer=pdserve_dot_v1_dot_worker__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=pdserve_dot_v1_dot_common__pb2.TokenChunk.FromString,
                 _registered_method=True)
+        self.FetchKV = channel.unary_unary(
+                '/pdserve.v1.Worker/FetchKV',
+                request_serializer=pdserve_dot_v1_dot_worker__pb2.FetchKVRequest.SerializeToString,
+                response_deserializer=pdserve_dot_v1_dot_worker__pb2.TransferReport.FromString,
+                _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/pdserve.v1.Worker/Cancel',
                 request_serializer=pdserve_dot_v1_dot_worker__pb2.CancelRequest.SerializeToString,
@@ -104,6 +109,16 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchKV(self, request, context):
+        """Prefill role, asked by another prefill worker (peer fetch): hold the prompt prefix's
+        blocks (loading them from a tier below the pool if needed) and send the ones the caller
+        lacks into the blocks it reserved. Answers once the transfer has ended, ok or not;
+        FAILED_PRECONDITION when this worker no longer holds every block asked for.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Cancel(self, request, context):
         """Free everything held for a request (also happens when a stream's caller goes away).
         """
@@ -139,6 +154,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Decode,
                     request_deserializer=pdserve_dot_v1_dot_worker__pb2.DecodeRequest.FromString,
                     response_serializer=pdserve_dot_v1_dot_common__pb2.TokenChunk.SerializeToString,
+            ),
+            'FetchKV': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchKV,
+                    request_deserializer=pdserve_dot_v1_dot_worker__pb2.FetchKVRequest.FromString,
+                    response_serializer=pdserve_dot_v1_dot_worker__pb2.TransferReport.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
@@ -262,6 +282,33 @@ class Worker:
             '/pdserve.v1.Worker/Decode',
             pdserve_dot_v1_dot_worker__pb2.DecodeRequest.SerializeToString,
             pdserve_dot_v1_dot_common__pb2.TokenChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchKV(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdserve.v1.Worker/FetchKV',
+            pdserve_dot_v1_dot_worker__pb2.FetchKVRequest.SerializeToString,
+            pdserve_dot_v1_dot_worker__pb2.TransferReport.FromString,
             options,
             channel_credentials,
             insecure,

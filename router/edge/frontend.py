@@ -150,6 +150,12 @@ class Frontend:
             raise InvalidRequestError(
                 f"deadline_s must be >= 0 (0 = none), got {deadline_s}", param="deadline_s"
             )
+        if params.prior_output_tokens >= len(prompt_token_ids):
+            raise InvalidRequestError(
+                f"prior_output_tokens ({params.prior_output_tokens}) must be fewer than the "
+                f"prompt's {len(prompt_token_ids)} tokens",
+                param="prior_output_tokens",
+            )
         if routing_policy:
             routing_policy = normalize_policy_name(routing_policy)
         return GenerateInput(

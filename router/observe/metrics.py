@@ -13,7 +13,7 @@ Where each counter comes from:
 | ``pdserve_generation_tokens_total`` | router: tokens streamed to clients |
 | ``pdserve_kv_transfer_seconds_total`` | router: the prefill workers' transfer reports |
 | ``pdserve_prefix_hit_tokens_total{worker}`` | prefill and colocated workers' GetStats |
-| ``pdserve_kv_transfer_bytes_total{worker}`` | prefill workers' GetStats (the sending side) |
+| ``pdserve_kv_transfer_bytes_total{worker}`` | prefill workers' GetStats (sent, and fetched) |
 | ``pdserve_kv_transfer_failures_total{worker}`` | prefill workers' GetStats |
 | ``pdserve_recompute_fallbacks_total{worker}`` | every worker's GetStats |
 
@@ -188,11 +188,11 @@ _WORKER_COUNTERS = (
     ("pdserve_prefix_hit_tokens", "prefix_hit_tokens", PREFIX_HIT_ROLES,
      "Prompt tokens whose KV came from a worker's prefix cache."),
     ("pdserve_kv_transfer_bytes", "transfer_bytes", SENDER_ROLES,
-     "KV bytes sent by prefill workers."),
+     "KV bytes prefill workers sent, and fetched from peers."),
     ("pdserve_kv_transfer_failures", "transfers_failed", SENDER_ROLES,
      "KV transfers that failed."),
     ("pdserve_recompute_fallbacks", "recompute_fallbacks", frozenset(ROLES),
-     "Requests recomputed because their KV could not be transferred."),
+     "Prompt prefixes computed because fetching them from a peer failed."),
 )  # fmt: skip
 
 

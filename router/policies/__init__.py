@@ -12,6 +12,8 @@ from pdserve.router.policies.prefix_aware import PrefixAwarePolicy
 from pdserve.router.policies.simple import LeastLoadedPolicy, RoundRobinPolicy
 from pdserve.router.policies.types import (
     CostModel,
+    PeerFetch,
+    PrefixHit,
     RouteDecision,
     RouteRequest,
     RoutingPolicy,
@@ -35,8 +37,11 @@ def normalize_policy_name(name: str) -> str:
     return key
 
 
-def make_policy(name: str, cost: CostModel | None = None, load_margin: int = 4) -> RoutingPolicy:
-    """Build the policy called ``name`` (see ``POLICY_NAMES``)."""
+def make_policy(
+    name: str, cost: CostModel | None = None, load_margin: int = 4, peer_fetch: bool = True
+) -> RoutingPolicy:
+    """Build the policy called ``name`` (see ``POLICY_NAMES``); ``peer_fetch``: whether
+    ``joint_ttft`` may choose peer fetches."""
     key = normalize_policy_name(name)
     if key == RoundRobinPolicy.name:
         return RoundRobinPolicy(cost)
@@ -44,7 +49,7 @@ def make_policy(name: str, cost: CostModel | None = None, load_margin: int = 4) 
         return LeastLoadedPolicy(cost)
     if key == PrefixAwarePolicy.name:
         return PrefixAwarePolicy(cost, load_margin)
-    return JointTtftPolicy(cost)
+    return JointTtftPolicy(cost, peer_fetch=peer_fetch)
 
 
 __all__ = [
@@ -53,7 +58,9 @@ __all__ = [
     "CostModel",
     "JointTtftPolicy",
     "LeastLoadedPolicy",
+    "PeerFetch",
     "PrefixAwarePolicy",
+    "PrefixHit",
     "RoundRobinPolicy",
     "RouteDecision",
     "RouteRequest",

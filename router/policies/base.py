@@ -73,9 +73,12 @@ def rank_pairs(
 def single(
     name: str, request: RouteRequest, worker: WorkerCandidate, cost: CostModel
 ) -> RouteDecision:
-    ttft_s = predict_ttft(request, worker, None, cost).total_s
+    est = predict_ttft(request, worker, None, cost)
     reason = f"{name}: colocated {describe(request, worker)}"
-    return RouteDecision(worker.worker_id, None, ttft_s, name, reason)
+    return RouteDecision(
+        worker.worker_id, None, est.total_s, name, reason,
+        compute_tokens=est.compute_tokens, queue_s=est.queue_s,
+    )  # fmt: skip
 
 
 def pair(
@@ -85,6 +88,9 @@ def pair(
     decode: WorkerCandidate,
     cost: CostModel,
 ) -> RouteDecision:
-    ttft_s = predict_ttft(request, prefill, decode, cost).total_s
+    est = predict_ttft(request, prefill, decode, cost)
     reason = f"{name}: prefill {describe(request, prefill)}, decode {describe(request, decode)}"
-    return RouteDecision(prefill.worker_id, decode.worker_id, ttft_s, name, reason)
+    return RouteDecision(
+        prefill.worker_id, decode.worker_id, est.total_s, name, reason,
+        compute_tokens=est.compute_tokens, queue_s=est.queue_s,
+    )  # fmt: skip

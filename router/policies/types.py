@@ -16,6 +16,27 @@ from pdserve.proto.workers import WorkerLoad, WorkerRole
 
 
 @dataclass(slots=True, frozen=True)
+class PrefixHit:
+    """The leading prompt blocks one worker holds (locality index), and how many of them
+    live below its KV pool: int8 in host memory, or in files on disk. Those are loaded back
+    into the pool before use; the rest are in the pool already."""
+
+    blocks: int = 0
+    host_blocks: int = 0
+    disk_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.host_blocks + self.disk_blocks <= self.blocks, (
+            f"a prefix hit of {self.blocks} blocks cannot have {self.host_blocks} in host "
+            f"memory and {self.disk_blocks} on disk"
+        )
+
+    @property
+    def pool_blocks(self) -> int:
+        return self.blocks - self.host_blocks - self.disk_blocks
+
+
+@dataclass(slots=True, frozen=True)
 class WorkerCandidate:
     worker_id: str
     role: WorkerRole
@@ -37,10 +58,29 @@ class CostModel:
     # Added when a decode worker reported fewer free blocks than the prompt needs: it will
     # most likely refuse the reservation, so it is tried only after the ones that fit.
     no_room_penalty_s: float = 10.0
+    # Loading one cached block back into the pool from below it: a copy (exact codec) or a
+    # dequantization (int8) from host memory; reading a block file and checking its CRC
+    # first. Measured for fp32 SmolLM2 blocks (python -m pdserve.bench.kv_tiers): host
+    # 0.06 ms exact, 0.14 ms int8; disk 0.45 ms, 0.27 ms; against ~3 ms to compute a block.
+    host_load_s_per_block: float = 1e-4
+    disk_load_s_per_block: float = 5e-4
+    # A peer fetch's fixed part: the FetchKV call, the holder reserving the blocks, the
+    # receiver's expectation (the same benchmark: 64 blocks in ~12 ms, 256 in ~37 ms).
+    peer_fetch_setup_s: float = 0.005
+    # A worker's largest step (its max_num_batched_tokens): a busy holder pins the blocks of
+    # a fetch between two steps, so the fetch may wait for one step of at most this size.
+    step_tokens: int = 2048
 
     def __post_init__(self) -> None:
-        if self.prefill_s_per_token < 0 or self.decode_admission_s < 0:
-            raise ValueError(f"cost model times must be >= 0, got {self}")
+        times = (
+            self.prefill_s_per_token,
+            self.decode_admission_s,
+            self.host_load_s_per_block,
+            self.disk_load_s_per_block,
+            self.peer_fetch_setup_s,
+        )
+        if min(times) < 0 or self.step_tokens < 0:
+            raise ValueError(f"cost model times and step_tokens must be >= 0, got {self}")
         if self.kv_bytes_per_token <= 0 or self.link_bytes_per_s <= 0:
             raise ValueError(f"kv_bytes_per_token and link_bytes_per_s must be > 0, got {self}")
 
@@ -49,15 +89,19 @@ class CostModel:
 class RouteRequest:
     """One request as routing sees it.
 
-    ``cached_blocks`` maps worker id -> leading prompt blocks that worker holds (locality
-    index) or was just sent by this router (router/state/placements.py); missing = 0.
+    ``prefix_hits`` maps worker id -> the leading prompt blocks that worker holds and where
+    (locality index), or was just sent by this router (router/state/placements.py); missing
+    = none. ``pending_blocks`` maps worker id -> how many of its hit's blocks only this
+    router's placements vouch for (sent there, perhaps not computed yet): its own requests
+    queue behind them, but a peer fetch asks only for what the index knows it holds.
     ``new_blocks`` maps worker id -> blocks of new prefix this router gave it lately.
     """
 
     prompt_tokens: int
     block_size: int = 16
-    cached_blocks: Mapping[str, int] = field(default_factory=dict)
+    prefix_hits: Mapping[str, PrefixHit] = field(default_factory=dict)
     new_blocks: Mapping[str, int] = field(default_factory=dict)
+    pending_blocks: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert self.prompt_tokens >= 1, f"prompt_tokens must be >= 1, got {self.prompt_tokens}"
@@ -73,9 +117,30 @@ class RouteRequest:
         """Blocks a decode worker must reserve to hold the prompt's KV (partial block too)."""
         return -(-self.prompt_tokens // self.block_size)
 
+    def hit(self, worker_id: str) -> PrefixHit:
+        return self.prefix_hits.get(worker_id, _NO_HIT)
+
+    def fetchable_blocks(self, worker_id: str) -> int:
+        """Leading blocks a peer may fetch from this worker: its hit, pending ones aside."""
+        return self.hit(worker_id).blocks - self.pending_blocks.get(worker_id, 0)
+
     def cached_tokens(self, worker_id: str) -> int:
-        blocks = min(self.cached_blocks.get(worker_id, 0), self.prompt_blocks)
-        return blocks * self.block_size
+        return self.blocks_to_tokens(self.hit(worker_id).blocks)
+
+    def blocks_to_tokens(self, num_blocks: int) -> int:
+        return min(num_blocks, self.prompt_blocks) * self.block_size
+
+
+_NO_HIT = PrefixHit()
+
+
+@dataclass(slots=True, frozen=True)
+class PeerFetch:
+    """The prefill worker first pulls the prompt's leading ``num_blocks`` blocks from
+    ``holder_id`` (over the KV transfer path; only those it lacks), then computes the rest."""
+
+    holder_id: str
+    num_blocks: int
 
 
 @dataclass(slots=True, frozen=True)
@@ -87,6 +152,11 @@ class RouteDecision:
     ttft_s: float  # predicted
     policy: str
     reason: str
+    fetch: PeerFetch | None = None
+    # Prompt tokens the prefill worker is predicted to compute (its cache and a fetch
+    # cover the rest): the router counts them as that worker's queued prefill work.
+    compute_tokens: int | None = None
+    queue_s: float = 0.0  # of ttft_s, the wait behind work the worker already has
 
     @property
     def colocated(self) -> bool:

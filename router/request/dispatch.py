@@ -4,6 +4,7 @@ Colocated: ``Generate`` on one worker. Disaggregated::
 
     router --ReserveKV--> decode      refused: back-pressure, the caller tries the next pair
     router --Prefill----> prefill     first event: the first token (TTFT), streamed at once
+                          (with the decision's peer fetch: prefill --FetchKV--> holder first)
                           prefill --KV blocks--> decode
     router --Decode-----> decode      the remaining tokens, already detokenized
     prefill --TransferReport--> router (last Prefill event: bytes and seconds)
@@ -105,12 +106,13 @@ class Attempt:
         self._streams.append(stream)
         self._holding.append(worker_id)
         tracker = self.calls.tracker
-        tracker.start_prefill(worker_id, len(self.inp.prompt_token_ids))
+        tokens = self._compute_tokens()
+        tracker.start_prefill(worker_id, tokens)
         try:
             # stream.read() rather than `async for`: see _read.
             while (msg := await stream.read()) is not grpc.aio.EOF:
                 if not self.started:
-                    tracker.end_prefill(worker_id, len(self.inp.prompt_token_ids))
+                    tracker.end_prefill(worker_id, tokens)
                     tracker.start_decode(worker_id)
                     self.started = True
                 yield self._seen(chunk_from_proto(msg))
@@ -120,7 +122,7 @@ class Attempt:
             if self.started:
                 tracker.end_decode(worker_id)
             else:
-                tracker.end_prefill(worker_id, len(self.inp.prompt_token_ids))
+                tracker.end_prefill(worker_id, tokens)
         self._check_ended(worker_id)
         self.finished = True
 
@@ -197,6 +199,11 @@ class Attempt:
             params=self.params_msg,
             destination=destination,
         )
+        fetch = self.decision.fetch
+        if fetch is not None:  # the prefill worker pulls this prefix from its holder first
+            request.peer_prefix.worker_id = fetch.holder_id
+            request.peer_prefix.address = self.calls.address(fetch.holder_id)
+            request.peer_prefix.num_blocks = fetch.num_blocks
         stream = self.calls.stub(prefill_id).Prefill(request, timeout=self._remaining_s())
         self._streams.append(stream)
         self._holding.append(prefill_id)
@@ -205,7 +212,7 @@ class Attempt:
     async def _first_token(
         self, prefill: grpc.aio.UnaryStreamCall, prefill_id: str
     ) -> common_pb2.TokenChunk:
-        tokens = len(self.inp.prompt_token_ids)
+        tokens = self._compute_tokens()
         self.calls.tracker.start_prefill(prefill_id, tokens)
         try:
             async for event in self._read(prefill, prefill_id):
@@ -281,6 +288,12 @@ class Attempt:
         if self.started:
             return StreamBrokenError(StreamBreak(worker_id, code.name, details or ""))
         return RetryableWorkerError(worker_id, f"{where} failed before the first token")
+
+    def _compute_tokens(self) -> int:
+        """The prefill work this attempt queues on its worker, as the router counts it:
+        what the policy predicted (its cache and a fetch cover the rest), else the prompt."""
+        predicted = self.decision.compute_tokens
+        return predicted if predicted is not None else len(self.inp.prompt_token_ids)
 
     def _mark_dispatched(self) -> None:
         if self.dispatched_s is None:

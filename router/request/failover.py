@@ -15,11 +15,10 @@ client stream, so no token is lost or sent twice. A sequence fails over at most
 What a replay reproduces, and what it does not:
 
 - greedy decoding: the same tokens as an uninterrupted run;
-- seeded sampling: a worker derives each step's noise from (seed, its own output count); the
-  replay's count restarts at 0, so the random stream restarts at the failure point (the
-  continuation is reproducible for a given failure point, not the uninterrupted one);
-- presence/frequency penalties count output tokens only: on the replay the delivered tokens
-  are prompt and no longer penalised (repetition_penalty, over prompt + output, is unchanged);
+- seeded sampling and presence/frequency penalties: the replay's ``prior_output_tokens``
+  tells the worker that the delivered tokens at the end of its prompt are output, so its
+  draws continue from the uninterrupted run's output count and its penalties count them:
+  the same tokens as an uninterrupted run, as with greedy decoding;
 - text: workers detokenize and apply stop strings with hold-back, and what a worker held back
   (half a UTF-8 character, the start of a possible stop string) dies with it. From the first
   failover on, the router makes the text itself (:class:`TextContinuation`) with the
@@ -190,6 +189,7 @@ class SequenceStream:
             self.params,
             max_tokens=self.params.max_tokens - delivered,
             stop=self.params.stop if keep_stops else (),
+            prior_output_tokens=self.params.prior_output_tokens + delivered,
         )
         return ReplayPlan(
             prompt_token_ids=(*self.prompt_token_ids, *self.token_ids),

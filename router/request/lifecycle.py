@@ -20,8 +20,10 @@ from dataclasses import replace
 from pdserve.proto.workers import WorkerInfo
 from pdserve.router.config import RouterConfig
 from pdserve.router.edge.errors import NoWorkersError, OverloadedError, WorkerFailedError
+from pdserve.router.observe.goodput import tpot_s
 from pdserve.router.policies import (
     POLICY_NAMES,
+    PrefixHit,
     RouteRequest,
     RoutingPolicy,
     WorkerCandidate,
@@ -43,11 +45,11 @@ from pdserve.router.request.types import (
     Usage,
 )
 from pdserve.router.request.worker_calls import WorkerCalls
-from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker
+from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker, SloShedding
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
 from pdserve.router.state.locality import BlockHash, LocalityIndex, PromptBlockHasher
 from pdserve.router.state.placements import RecentPlacements
-from pdserve.router.state.prefix_lookup import cached_blocks
+from pdserve.router.state.prefix_lookup import prefix_hits
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +79,18 @@ class RequestLifecycle:
         self.locality = locality
         self.hasher = hasher
         self.timing_sink: TimingSink = timing_sink or InMemoryTimingSink()
-        self.limiter = ConcurrencyLimiter(config.max_concurrent_requests, config.retry_after_s)
+        self.limiter = ConcurrencyLimiter(
+            config.max_concurrent_requests,
+            config.retry_after_s,
+            floor=min(config.min_concurrent_requests, config.max_concurrent_requests),
+            cooldown_s=config.slo.ttft_s,
+            adaptive=config.adaptive_concurrency,
+        )
+        self.shedding = SloShedding(config.shed_ttft_factor * config.slo.ttft_s)
         self.tracker = LocalLoadTracker()
         self.placements = RecentPlacements()
         self._policies: dict[str, RoutingPolicy] = {
-            name: make_policy(name, config.cost, config.hot_spot_margin_requests)
+            name: make_policy(name, config.cost, config.hot_spot_margin_requests, config.peer_fetch)
             for name in POLICY_NAMES
         }
         self._background: set[asyncio.Task[None]] = set()
@@ -101,11 +110,15 @@ class RequestLifecycle:
                 progress = Progress(inp.arrival_s, inp.params.n)
                 async with aclosing(self._chunks(route)) as chunks:
                     async for chunk in chunks:
+                        first = progress.first_s is None
                         chunk = progress.saw(chunk)
                         if watch is not None:
                             watch.saw(chunk)
                         yield chunk
+                        if first:
+                            self._judge_first_token(progress)
                 summary = self._summary(route, progress)
+                self._judge_end(summary, inp.params.n)
                 if watch is not None:
                     watch.saw(summary)
                 yield summary
@@ -118,6 +131,22 @@ class RequestLifecycle:
         finally:
             if watch is not None:
                 watch.closed()
+
+    def _judge_first_token(self, progress: Progress) -> None:
+        """A late first token tells the limiter at once (the sooner it cuts, the fewer wait)."""
+        assert progress.first_s is not None
+        if progress.first_s - progress.arrival_s > self.config.slo.ttft_s:
+            self.limiter.missed(progress.first_s)
+
+    def _judge_end(self, summary: Summary, n: int) -> None:
+        timing, slo = summary.timing, self.config.slo
+        if timing.ttft_s > slo.ttft_s:
+            return  # told at the first token
+        tpot = tpot_s(timing.e2e_s, timing.ttft_s, summary.usage.completion_tokens / n)
+        if tpot is not None and tpot > slo.tpot_s:
+            self.limiter.missed(time.monotonic())
+        else:
+            self.limiter.met()
 
     def _watch(self, inp: GenerateInput) -> RequestWatch | None:
         """What follows ``inp`` to its end (router/request/metered_lifecycle.py); None: nothing."""
@@ -133,9 +162,11 @@ class RequestLifecycle:
             raise NoWorkersError(f"no live worker serves model {inp.model!r}")
         request, hashes = await self._route_request(inp, [w.worker_id for w in workers])
         ranked = policy.rank(request, [self._candidate(w) for w in workers])
+        self.shedding.check(ranked)
         if ranked and hashes:
             chosen = ranked[0].prefill_worker_id
-            held = request.cached_blocks.get(chosen, 0)
+            fetch = ranked[0].fetch
+            held = fetch.num_blocks if fetch is not None else request.hit(chosen).blocks
             self.placements.record(chosen, hashes, held, time.monotonic())
         calls = WorkerCalls(
             self.config,
@@ -156,13 +187,17 @@ class RequestLifecycle:
         if self.hasher is None:
             return RouteRequest(len(inp.prompt_token_ids), size), ()
         hashes = self.hasher(inp.prompt_token_ids)
-        cached = await cached_blocks(self.locality, hashes, worker_ids)
+        hits = await prefix_hits(self.locality, hashes, worker_ids)
         now_s = time.monotonic()
+        pending = {}
         for worker_id, sent in self.placements.longest_prefix(hashes, worker_ids, now_s).items():
-            if sent > cached.get(worker_id, 0):
-                cached[worker_id] = sent
+            indexed = hits.get(worker_id, PrefixHit()).blocks
+            if sent > indexed:  # sent there just now: in its pool once computed
+                hits[worker_id] = PrefixHit(sent)
+                pending[worker_id] = sent - indexed
         new = self.placements.new_blocks(worker_ids, now_s)
-        return RouteRequest(len(inp.prompt_token_ids), size, cached, new), hashes
+        request = RouteRequest(len(inp.prompt_token_ids), size, hits, new, pending)
+        return request, hashes
 
     def _candidate(self, worker: WorkerInfo) -> WorkerCandidate:
         load = self.tracker.effective_load(worker.worker_id, worker.load)

@@ -37,7 +37,10 @@ class WorkerCalls:
         self._background = background
 
     def stub(self, worker_id: str) -> worker_pb2_grpc.WorkerStub:
-        return self._channels.stub(self._workers[worker_id].address)
+        return self._channels.stub(self.address(worker_id))
+
+    def address(self, worker_id: str) -> str:
+        return self._workers[worker_id].address
 
     def params_message(self, params: SamplingParams) -> common_pb2.SamplingParams:
         """The protobuf form of ``params`` (shared: copy it into a request, never mutate)."""

@@ -2,20 +2,52 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdserve.proto.workers import WorkerLoad
 from pdserve.router.edge.errors import OverloadedError
+from pdserve.router.policies.types import RouteDecision
 
 
 class ConcurrencyLimiter:
-    """At most ``limit`` requests in flight; over it, fail fast with a retry hint."""
+    """At most ``limit`` requests in flight; over it, fail fast with a retry hint.
 
-    def __init__(self, limit: int, retry_after_s: int) -> None:
-        self.limit = limit
+    With ``adaptive``, the limit follows the service-level objective as TCP's window follows
+    losses (AIMD): each request that meets its objectives raises it by 1/limit (about one per
+    ``limit`` such requests); one that misses lowers it to ``DECREASE`` times the requests
+    then in flight, at most once per ``cooldown_s`` (the requests queued by one overload miss
+    together, and one cut answers them all). It stays within [``floor``, ``ceiling``]. A
+    burst above capacity thus meets a limit near what the workers serve in time, and the
+    rest is refused at once instead of queued to miss its objective.
+    """
+
+    DECREASE = 0.7
+
+    def __init__(
+        self,
+        ceiling: int,
+        retry_after_s: int,
+        floor: int = 1,
+        cooldown_s: float = 1.0,
+        adaptive: bool = False,
+    ) -> None:
+        if not 1 <= floor <= ceiling:
+            raise ValueError(f"need 1 <= floor <= ceiling, got {floor} and {ceiling}")
+        self.ceiling = ceiling
+        self.floor = floor
         self.retry_after_s = retry_after_s
+        self.cooldown_s = cooldown_s
+        self.adaptive = adaptive
         self.active = 0
+        self._window = float(ceiling)
+        self._next_cut_s = -math.inf
+
+    @property
+    def limit(self) -> int:
+        return int(self._window)
 
     def acquire(self) -> None:
         if self.active >= self.limit:
@@ -29,6 +61,44 @@ class ConcurrencyLimiter:
     def release(self) -> None:
         assert self.active > 0, "release() without a matching acquire()"
         self.active -= 1
+
+    def met(self) -> None:
+        """A request met its objectives."""
+        if self.adaptive:
+            self._window = min(self.ceiling, self._window + 1 / self._window)
+
+    def missed(self, now_s: float) -> None:
+        """A request missed an objective (known at its first token, or at its end)."""
+        if not self.adaptive or now_s < self._next_cut_s:
+            return
+        self._window = max(self.floor, min(self._window, self.active) * self.DECREASE)
+        self._next_cut_s = now_s + self.cooldown_s
+
+
+@dataclass(slots=True, frozen=True)
+class SloShedding:
+    """Refuses at once a request that would queue far past its TTFT objective.
+
+    When even the best place for a request has more work queued ahead of it than
+    ``max_wait_s`` (the policy's prediction: the prefill tokens waiting there), it is refused
+    with a retry hint of the excess: queueing it would make it miss its objective and slow
+    every request behind it. A request that is merely long is not refused (its own prefill
+    is not queueing). ``max_wait_s`` 0: off.
+    """
+
+    max_wait_s: float
+
+    def check(self, ranked: Sequence[RouteDecision]) -> None:
+        if self.max_wait_s <= 0 or not ranked:
+            return
+        best = min(d.queue_s for d in ranked)
+        if best > self.max_wait_s:
+            retry_after_s = max(1, math.ceil(best - self.max_wait_s))
+            raise OverloadedError(
+                f"overloaded: the least loaded place has {best:.1f} s of work queued, past "
+                f"the {self.max_wait_s:.1f} s the router admits; retry after {retry_after_s}s",
+                retry_after_s,
+            )
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from pdserve.engine.kv_cache.hashing import BlockHash
+from pdserve.router.policies.types import PrefixHit
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ DEFAULT_TIMEOUT_S = 0.1
 
 
 class BatchLocalityIndex(Protocol):
-    def longest_prefix_many(self, queries: Sequence[Query]) -> list[dict[str, int]]:
+    def longest_prefix_many(self, queries: Sequence[Query]) -> list[dict[str, PrefixHit]]:
         """``longest_prefix`` of every query, in order, at once."""
         ...
 
@@ -42,13 +43,13 @@ class BatchedLookups:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self._index = index
         self.timeout_s = timeout_s
-        self._waiting: list[tuple[Query, asyncio.Future[dict[str, int]]]] = []
+        self._waiting: list[tuple[Query, asyncio.Future[dict[str, PrefixHit]]]] = []
         self._sender: asyncio.Task[None] | None = None
 
     async def longest_prefix(
         self, block_hashes: Sequence[BlockHash], worker_ids: Sequence[str]
-    ) -> dict[str, int]:
-        answer: asyncio.Future[dict[str, int]] = asyncio.get_running_loop().create_future()
+    ) -> dict[str, PrefixHit]:
+        answer: asyncio.Future[dict[str, PrefixHit]] = asyncio.get_running_loop().create_future()
         self._waiting.append(((block_hashes, worker_ids), answer))
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_batches())

@@ -10,12 +10,15 @@ import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.proto.workers import WorkerInfo, WorkerLoad
+
+if TYPE_CHECKING:  # the router needs only the type; cryptography loads where TLS is built
+    from pdserve.worker.mutual_tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -53,18 +56,27 @@ def load_from_stats(stats: worker_pb2.WorkerStats) -> WorkerLoad:
 
 
 class ChannelPool:
-    """One cached grpc.aio channel (and Worker stub) per worker address."""
+    """One cached grpc.aio channel (and Worker stub) per worker address; mutual TLS with
+    ``tls`` (the cluster secret's, worker/mutual_tls.py), plaintext without."""
 
     def __init__(
-        self,
-        credentials: grpc.ChannelCredentials | None = None,
-        max_message_bytes: int = 16 * 1024 * 1024,
+        self, tls: ClientTls | None = None, max_message_bytes: int = 16 * 1024 * 1024
     ) -> None:
-        self._credentials = credentials
-        self._options = [
+        self._tls = tls
+        self._options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
+            # A worker whose host is cut off sends no reset: without pings a call to it
+            # would wait for its deadline. Unanswered for 3 s, the call fails (UNAVAILABLE)
+            # and the request retries or fails over.
+            ("grpc.keepalive_time_ms", 2000),
+            ("grpc.keepalive_timeout_ms", 3000),
+            ("grpc.http2.max_pings_without_data", 0),
+            # When the host is back (a new epoch, the same address), reconnect within 5 s.
+            ("grpc.max_reconnect_backoff_ms", 5000),
         ]
+        if tls is not None:
+            self._options += tls.options
         self._stubs: dict[str, worker_pb2_grpc.WorkerStub] = {}
         self._channels: list[grpc.aio.Channel] = []
 
@@ -77,9 +89,9 @@ class ChannelPool:
         return stub
 
     def _open(self, address: str) -> grpc.aio.Channel:
-        if self._credentials is None:
+        if self._tls is None:
             return grpc.aio.insecure_channel(address, options=self._options)
-        return grpc.aio.secure_channel(address, self._credentials, options=self._options)
+        return grpc.aio.secure_channel(address, self._tls.credentials, options=self._options)
 
     async def close(self) -> None:
         channels, self._channels, self._stubs = self._channels, [], {}

@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Iterable, Sequence
 from typing import Protocol
 
 from pdserve.engine.kv_cache.hashing import BlockHash, block_hashes, make_extra_keys
+from pdserve.engine.kv_cache.tiers import KVTier
+from pdserve.router.policies.types import PrefixHit
 
 
 class PromptBlockHasher(Protocol):
@@ -46,40 +48,49 @@ def engine_prompt_hasher(
 
 
 class LocalityIndex(Protocol):
-    """Longest cached prefix per worker."""
+    """Longest cached prefix per worker, and where its blocks live."""
 
     def longest_prefix(
         self, block_hashes: Sequence[BlockHash], worker_ids: Sequence[str]
-    ) -> dict[str, int] | Awaitable[dict[str, int]]:
-        """For each worker id, how many leading ``block_hashes`` that worker holds; now, or
-        as an awaitable (``router/state/batched_lookups.py``)."""
+    ) -> dict[str, PrefixHit] | Awaitable[dict[str, PrefixHit]]:
+        """For each worker id, how many leading ``block_hashes`` that worker holds (and how
+        many of those below its pool); now, or as an awaitable
+        (``router/state/batched_lookups.py``)."""
         ...
 
 
 class InProcessLocalityIndex:
-    """A dict of sets, fed with the workers' stored / removed / cleared KV events."""
+    """Dicts of hash -> tier per worker, fed with the workers' stored / removed / cleared KV
+    events."""
 
     def __init__(self) -> None:
-        self._blocks: dict[str, set[BlockHash]] = {}
+        self._blocks: dict[str, dict[BlockHash, KVTier]] = {}
 
-    def stored(self, worker_id: str, block_hashes: Iterable[BlockHash]) -> None:
-        self._blocks.setdefault(worker_id, set()).update(block_hashes)
+    def stored(
+        self, worker_id: str, block_hashes: Iterable[BlockHash], tier: KVTier = KVTier.POOL
+    ) -> None:
+        self._blocks.setdefault(worker_id, {}).update(dict.fromkeys(block_hashes, tier))
 
     def removed(self, worker_id: str, block_hashes: Iterable[BlockHash]) -> None:
-        self._blocks.get(worker_id, set()).difference_update(block_hashes)
+        held = self._blocks.get(worker_id, {})
+        for block_hash in block_hashes:
+            held.pop(block_hash, None)
 
     def cleared(self, worker_id: str) -> None:
         self._blocks.pop(worker_id, None)
 
     def longest_prefix(
         self, block_hashes: Sequence[BlockHash], worker_ids: Sequence[str]
-    ) -> dict[str, int]:
-        return {w: _leading_hits(block_hashes, self._blocks.get(w, set())) for w in worker_ids}
+    ) -> dict[str, PrefixHit]:
+        return {w: _leading_hit(block_hashes, self._blocks.get(w, {})) for w in worker_ids}
 
 
-def _leading_hits(block_hashes: Sequence[BlockHash], held: set[BlockHash]) -> int:
+def _leading_hit(block_hashes: Sequence[BlockHash], held: dict[BlockHash, KVTier]) -> PrefixHit:
     # A chained hash covers the whole prefix, so the first miss ends the cached prefix.
-    for i, block_hash in enumerate(block_hashes):
-        if block_hash not in held:
-            return i
-    return len(block_hashes)
+    tiers = []
+    for block_hash in block_hashes:
+        tier = held.get(block_hash)
+        if tier is None:
+            break
+        tiers.append(tier)
+    return PrefixHit(len(tiers), tiers.count(KVTier.HOST), tiers.count(KVTier.DISK))

@@ -6,17 +6,19 @@ import inspect
 import logging
 from collections.abc import Sequence
 
+from pdserve.router.policies.types import PrefixHit
 from pdserve.router.state.locality import BlockHash, LocalityIndex
 
 log = logging.getLogger(__name__)
 
 
-async def cached_blocks(
+async def prefix_hits(
     index: LocalityIndex | None,
     block_hashes: Sequence[BlockHash],
     worker_ids: Sequence[str],
-) -> dict[str, int]:
-    """Leading prompt blocks (``block_hashes``) cached per worker; empty when unknown.
+) -> dict[str, PrefixHit]:
+    """Leading prompt blocks (``block_hashes``) cached per worker, and in which tiers;
+    empty when unknown.
 
     The index may answer synchronously or with an awaitable (an asyncio Redis client).
     A failing index degrades routing to load-only rather than failing the request.

@@ -9,7 +9,7 @@ can show that SIGTERM alone leaves no orphan behind (Redis, Ray's daemons, worke
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +25,14 @@ TEST_ARGS = ("--num-blocks", "256")
 TEST_ENV = {"PDSERVE_TORCH_THREADS": "1"}
 
 
-def start_up(tmp_dir: Path, *args: str, new_session: bool = False) -> UpProcess:
-    """Launch `pdserve up` (not waiting: workers load while the caller does other work)."""
+def start_up(
+    tmp_dir: Path, *args: str, env: Mapping[str, str] | None = None, new_session: bool = False
+) -> UpProcess:
+    """Launch `pdserve up` (not waiting: workers load while the caller does other work);
+    ``env`` adds variables to the test ones."""
+    child_env = {**TEST_ENV, **(env or {})}
     return up_process.start_up(
-        tmp_dir, (*TEST_ARGS, *args), TEST_ENV, kill_leftovers=False, new_session=new_session
+        tmp_dir, (*TEST_ARGS, *args), child_env, kill_leftovers=False, new_session=new_session
     )
 
 
@@ -48,8 +52,11 @@ def grpc_generate(
     policy: str = "",
     timeout_s: float = 120.0,
     ignore_eos: bool = False,
+    credentials: grpc.ChannelCredentials | None = None,
+    api_key: str | None = None,
 ) -> GrpcResult:
-    """Greedy generation through the router's gRPC API, from token ids."""
+    """Greedy generation through the router's gRPC API, from token ids (over TLS with
+    ``credentials``, sending ``api_key`` as a bearer token when given)."""
     params = common_pb2.SamplingParams(
         max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos
     )
@@ -60,9 +67,15 @@ def grpc_generate(
     )
     token_ids: list[int] = []
     text, finish, prefill, decode = "", "", "", ""
-    with grpc.insecure_channel(address) as channel:
+    metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
+    channel = (
+        grpc.insecure_channel(address)
+        if credentials is None
+        else grpc.secure_channel(address, credentials)
+    )
+    with channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
-        for response in stub.Generate(request, timeout=timeout_s):
+        for response in stub.Generate(request, timeout=timeout_s, metadata=metadata):
             token_ids += response.chunk.token_ids
             text += response.chunk.text
             finish = response.chunk.finish_reason or finish

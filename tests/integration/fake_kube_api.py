@@ -1,18 +1,26 @@
 """A FAKE Kubernetes API server: it stands in for the Kubernetes API server, which cannot run
 here, for the tests of the autoscaler's Kubernetes actuator.
 
-A stdlib ``http.server`` in a thread on 127.0.0.1 (a free port) answering only the scale
-subresource of Deployments, the endpoints the actuator calls:
+A stdlib ``http.server`` in a thread on 127.0.0.1 (a free port) answering only the endpoints
+the actuator calls:
 
     GET | PUT | PATCH  /apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale
+    GET                /api/v1/namespaces/{namespace}/pods?labelSelector=k=v,...
+    PATCH              /api/v1/namespaces/{namespace}/pods/{name}   (merge patch)
 
-It keeps each deployment's spec replica count and a resourceVersion (one counter for the
-whole server, as etcd's revision), honours a resourceVersion sent with a write as a
-precondition (409 Conflict when it is stale, as the real server does), records every request
-it receives, and answers 404 for anything else (other paths, other methods, deployments it
-was not given). Knobs: ``fail_next_writes(n)`` answers 409 to the next n writes without
-looking at them; ``race_next_writes(n)`` has "another writer" change the object just before
-each of the next n writes, so a write carrying the resourceVersion it read fails its
+It keeps each deployment's spec replica count, its selector (``status.selector`` of the
+scale) and a resourceVersion (one counter for the whole server, as etcd's revision), honours
+a resourceVersion sent with a scale write as a precondition (409 Conflict when it is stale,
+as the real server does), records every request it receives, and answers 404 for anything
+else (other paths, other methods, objects it was not given). Pods have labels and
+annotations; a list filters them by an equality-based label selector (400 for any other
+form), a merge patch sets or (with null) removes annotations. Standing in for the ReplicaSet
+controller, a scale-down deletes as many of the deployment's pods (those its selector
+matches) at once, lowest ``controller.kubernetes.io/pod-deletion-cost`` first (absent: 0),
+the newest first among equals; the real controller ranks unready pods before that, and node
+spread after. Knobs, for scale writes only: ``fail_next_writes(n)`` answers 409 to the next
+n without looking at them; ``race_next_writes(n)`` has "another writer" change the object
+just before each of the next n, so a write carrying the resourceVersion it read fails its
 precondition for real. No authentication, no TLS, no watch, no other resource.
 """
 
@@ -28,6 +36,9 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 _SCALE_PATH = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)/scale$")
+_PODS_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
+_POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$")
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 _MERGE_PATCHES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 _JSON_PATCH = "application/json-patch+json"
 
@@ -35,6 +46,14 @@ _JSON_PATCH = "application/json-patch+json"
 def scale_path(namespace: str, name: str) -> str:
     """The URL path of a deployment's scale subresource."""
     return f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale"
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
+
+
+def pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +71,16 @@ class _Deployment:
     replicas: int
     resource_version: int
     uid: str
+    selector: dict[str, str]
+
+
+@dataclass(slots=True)
+class _Pod:
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    resource_version: int
+    uid: str
+    created: int  # order of creation: the controller stand-in removes the newest first
 
 
 class _Answer(Exception):
@@ -67,6 +96,8 @@ class _Answer(Exception):
 @dataclass
 class _State:
     deployments: dict[tuple[str, str], _Deployment] = field(default_factory=dict)
+    pods: dict[tuple[str, str], _Pod] = field(default_factory=dict)
+    deleted_pods: list[tuple[str, str]] = field(default_factory=list)
     requests: list[RecordedRequest] = field(default_factory=list)
     revision: int = 100
     fail_writes: int = 0
@@ -120,12 +151,50 @@ class FakeKubeApi:
 
     # -- state and knobs ---------------------------------------------------------------------
 
-    def add_deployment(self, namespace: str, name: str, replicas: int) -> None:
+    def add_deployment(
+        self, namespace: str, name: str, replicas: int, selector: dict[str, str] | None = None
+    ) -> None:
+        """``selector``: the labels of its pods (default ``app=<name>``)."""
         with self._lock:
             self._state.revision += 1
             self._state.deployments[(namespace, name)] = _Deployment(
-                replicas, self._state.revision, f"uid-{namespace}-{name}"
+                replicas,
+                self._state.revision,
+                f"uid-{namespace}-{name}",
+                dict(selector or {"app": name}),
             )
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        labels: dict[str, str],
+        annotations: dict[str, str] | None = None,
+    ) -> None:
+        with self._lock:
+            self._state.revision += 1
+            self._state.pods[(namespace, name)] = _Pod(
+                dict(labels),
+                dict(annotations or {}),
+                self._state.revision,
+                f"uid-pod-{namespace}-{name}",
+                len(self._state.pods) + len(self._state.deleted_pods),
+            )
+
+    def pod_annotations(self, namespace: str, name: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self._state.pods[(namespace, name)].annotations)
+
+    def pod_names(self, namespace: str) -> list[str]:
+        """The pods of ``namespace`` that exist (not deleted by a scale-down), by name."""
+        with self._lock:
+            return sorted(name for ns, name in self._state.pods if ns == namespace)
+
+    @property
+    def deleted_pods(self) -> list[tuple[str, str]]:
+        """(namespace, name) of the pods scale-downs deleted, in order."""
+        with self._lock:
+            return list(self._state.deleted_pods)
 
     def replicas(self, namespace: str, name: str) -> int:
         with self._lock:
@@ -136,12 +205,12 @@ class FakeKubeApi:
             return str(self._state.deployments[(namespace, name)].resource_version)
 
     def fail_next_writes(self, count: int) -> None:
-        """Answer 409 Conflict to the next ``count`` PUT/PATCH requests, whatever they say."""
+        """Answer 409 Conflict to the next ``count`` scale writes, whatever they say."""
         with self._lock:
             self._state.fail_writes = count
 
     def race_next_writes(self, count: int) -> None:
-        """Before each of the next ``count`` writes, another writer updates the object
+        """Before each of the next ``count`` scale writes, another writer updates the object
         (same replicas, new resourceVersion): a write preconditioned on what it read fails."""
         with self._lock:
             self._state.race_writes = count
@@ -172,7 +241,7 @@ class FakeKubeApi:
                         body = json.loads(raw)
                     except ValueError as err:
                         raise _Answer(HTTPStatus.BAD_REQUEST, f"body is not JSON: {err}") from err
-                status, answer = self._dispatch(method, parts.path, content_type, body)
+                status, answer = self._dispatch(method, parts.path, query, content_type, body)
             except _Answer as err:
                 status, answer = err.status, _status_body(err)
             self._state.requests.append(
@@ -181,8 +250,14 @@ class FakeKubeApi:
         return status, answer
 
     def _dispatch(
-        self, method: str, path: str, content_type: str | None, body: Any
+        self, method: str, path: str, query: dict[str, str], content_type: str | None, body: Any
     ) -> tuple[int, dict[str, Any]]:
+        pods = _PODS_PATH.match(path)
+        if pods is not None and method == "GET":
+            return HTTPStatus.OK, self._list_pods(pods.group(1), query.get("labelSelector"))
+        pod = _POD_PATH.match(path)
+        if pod is not None and method == "PATCH":
+            return HTTPStatus.OK, self._patch_pod(*pod.groups(), content_type, body)
         match = _SCALE_PATH.match(path)
         if match is None or method not in ("GET", "PUT", "PATCH"):
             raise _Answer(HTTPStatus.NOT_FOUND, f"the fake serves no {method} {path}")
@@ -216,10 +291,62 @@ class FakeKubeApi:
                     reason="Invalid",
                 )
             if replicas != deployment.replicas:
+                self._remove_pods(namespace, deployment, deployment.replicas - replicas)
                 deployment.replicas = replicas
                 self._state.revision += 1
                 deployment.resource_version = self._state.revision
         return HTTPStatus.OK, _scale_body(namespace, name, deployment)
+
+    def _matching_pods(self, namespace: str, labels: dict[str, str]) -> list[tuple[str, _Pod]]:
+        return [
+            (name, pod)
+            for (ns, name), pod in self._state.pods.items()
+            if ns == namespace and all(pod.labels.get(k) == v for k, v in labels.items())
+        ]
+
+    def _remove_pods(self, namespace: str, deployment: _Deployment, count: int) -> None:
+        """The ReplicaSet controller's scale-down, by deletion cost then age (see the doc)."""
+        if count <= 0:
+            return
+        ranked = sorted(
+            self._matching_pods(namespace, deployment.selector),
+            key=lambda item: (int(item[1].annotations.get(DELETION_COST, "0")), -item[1].created),
+        )
+        for name, _ in ranked[:count]:
+            del self._state.pods[(namespace, name)]
+            self._state.deleted_pods.append((namespace, name))
+
+    def _list_pods(self, namespace: str, selector: str | None) -> dict[str, Any]:
+        labels = _equality_selector(selector)
+        items = [
+            _pod_body(namespace, name, pod) for name, pod in self._matching_pods(namespace, labels)
+        ]
+        return {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self._state.revision)},
+            "items": sorted(items, key=lambda item: item["metadata"]["name"]),
+        }
+
+    def _patch_pod(
+        self, namespace: str, name: str, content_type: str | None, body: Any
+    ) -> dict[str, Any]:
+        pod = self._state.pods.get((namespace, name))
+        if pod is None:
+            raise _Answer(HTTPStatus.NOT_FOUND, f'pods "{name}" not found')
+        if (content_type or "").split(";")[0].strip() not in _MERGE_PATCHES:
+            raise _Answer(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"the fake takes merge patches of "
+                          f"pods only, got {content_type!r}")  # fmt: skip
+        if not isinstance(body, dict) or set(body) - {"metadata"}:
+            raise _Answer(HTTPStatus.UNPROCESSABLE_ENTITY, "the fake patches pod metadata only")
+        for key, value in ((body.get("metadata") or {}).get("annotations") or {}).items():
+            if value is None:
+                pod.annotations.pop(key, None)
+            else:
+                pod.annotations[key] = str(value)
+        self._state.revision += 1
+        pod.resource_version = self._state.revision
+        return _pod_body(namespace, name, pod)
 
 
 def _from_put(body: Any, namespace: str, name: str) -> tuple[Any, str | None]:
@@ -263,8 +390,39 @@ def _scale_body(namespace: str, name: str, deployment: _Deployment) -> dict[str,
             "resourceVersion": str(deployment.resource_version),
         },
         "spec": {"replicas": deployment.replicas} if deployment.replicas else {},
-        "status": {"replicas": deployment.replicas, "selector": f"app={name}"},
+        "status": {
+            "replicas": deployment.replicas,
+            "selector": ",".join(f"{k}={v}" for k, v in sorted(deployment.selector.items())),
+        },
     }
+
+
+def _pod_body(namespace: str, name: str, pod: _Pod) -> dict[str, Any]:
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": pod.uid,
+            "resourceVersion": str(pod.resource_version),
+            "labels": dict(pod.labels),
+            "annotations": dict(pod.annotations),
+        },
+    }
+
+
+def _equality_selector(selector: str | None) -> dict[str, str]:
+    labels = {}
+    for term in (selector or "").split(","):
+        if not term:
+            continue
+        key, sep, value = term.partition("=")
+        if not sep or not key or "!" in key or "(" in term or " " in term.strip():
+            raise _Answer(HTTPStatus.BAD_REQUEST, f"the fake takes key=value selectors, got "
+                          f"{selector!r}")  # fmt: skip
+        labels[key] = value
+    return labels
 
 
 def _conflict_message(name: str) -> str:

@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from pdserve.engine.stop_strings import StopStringMatcher
 from pdserve.proto import common_pb2, worker_pb2, worker_pb2_grpc
@@ -33,6 +34,9 @@ from pdserve.router.event_loop import run as run_loop
 from pdserve.router.request.lifecycle import RequestLifecycle
 from pdserve.router.service import RouterService, start_router
 from pdserve.router.state.directory import StaticWorkerDirectory
+from pdserve.worker.cluster_secret import ClusterSecret
+from pdserve.worker.mutual_tls import add_worker_port, client_tls
+from pdserve.worker.server import SERVER_OPTIONS
 
 T = TypeVar("T")
 
@@ -62,6 +66,8 @@ class StubRecord:
     params: list[common_pb2.SamplingParams] = field(default_factory=list)
     # (method, request id, prompt) of every call that carries a prompt
     prompts: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
+    # request id -> the peer prefix its Prefill was told to fetch first
+    peer_prefixes: dict[str, worker_pb2.PeerPrefix] = field(default_factory=dict)
 
 
 def token_text(index: int, k: int) -> str:
@@ -153,6 +159,8 @@ class StubWorker(worker_pb2_grpc.WorkerServicer):
 
     async def Prefill(self, request, context) -> AsyncIterator[worker_pb2.PrefillEvent]:
         self._note("Prefill", request.request_id, request.params, request.prompt_token_ids)
+        if request.HasField("peer_prefix"):
+            self.record.peer_prefixes[request.request_id] = request.peer_prefix
         await self._before_first_token(context, request.request_id)
         yield worker_pb2.PrefillEvent(first_token=self._sequence(0, request).chunk(0))
         report = worker_pb2.TransferReport(
@@ -247,14 +255,21 @@ class StubWorker(worker_pb2_grpc.WorkerServicer):
 
 
 async def start_stub_worker(
-    worker_id: str, role: str, knobs: StubKnobs | None = None, port: int = 0
+    worker_id: str,
+    role: str,
+    knobs: StubKnobs | None = None,
+    port: int = 0,
+    secret: ClusterSecret | None = None,
 ) -> tuple[grpc.aio.Server, str, StubWorker]:
-    """A started stub on loopback; returns the server, its address and the servicer."""
-    server = grpc.aio.server()
+    """A started stub on loopback (mutual TLS with ``secret``, as a real worker); returns
+    the server, its address and the servicer."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)  # the pings a real worker accepts
     servicer = StubWorker(worker_id, role, knobs)
     servicer.server = server
     worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = add_worker_port(server, f"127.0.0.1:{port}", secret)
     await server.start()
     return server, f"127.0.0.1:{bound}", servicer
 
@@ -317,28 +332,33 @@ def start_stub_cluster(
     tokenizer: FakeCharTokenizer | None = None,
     locality: Any = None,
     hasher: Any = None,
+    secret: ClusterSecret | None = None,
 ) -> StubCluster:
-    """Start one stub worker per ``{worker_id: role}`` and a router in front of them."""
+    """Start one stub worker per ``{worker_id: role}`` and a router in front of them; with
+    ``secret``, the workers serve mutual TLS and the router calls them with its certificate."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="stub-cluster", daemon=True)
     thread.start()
     config = config or RouterConfig()
     tokenizer = tokenizer or FakeCharTokenizer()
-    setup = _setup(roles, config, tokenizer, locality, hasher, loop, thread)
+    setup = _setup(roles, config, tokenizer, locality, hasher, secret, loop, thread)
     return asyncio.run_coroutine_threadsafe(setup, loop).result(30)
 
 
-async def _setup(roles, config, tokenizer, locality, hasher, loop, thread) -> StubCluster:
+async def _setup(roles, config, tokenizer, locality, hasher, secret, loop, thread) -> StubCluster:
     teardown: list[Callable[[], Awaitable[None]]] = []
     workers, infos = {}, []
     for worker_id, role in roles.items():
-        server, address, servicer = await start_stub_worker(worker_id, role)
+        server, address, servicer = await start_stub_worker(worker_id, role, secret=secret)
         teardown.append(partial(server.stop, None))
         workers[worker_id] = servicer
         infos.append(WorkerInfo(worker_id, WorkerRole(role), address))
     config = replace(config, grpc_port=0, http_port=0)
     directory = StaticWorkerDirectory(infos)
-    service = await start_router(config, tokenizer, directory, locality, hasher)
+    worker_tls = client_tls(secret) if secret is not None else None
+    service = await start_router(
+        config, tokenizer, directory, locality, hasher, worker_tls=worker_tls
+    )
     teardown.append(partial(service.stop, None))
     return StubCluster(
         config,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 
@@ -21,7 +21,14 @@ from pdserve.cluster.actuators.kubernetes import (
     ScaleError,
     load_kubernetes,
 )
-from tests.integration.fake_kube_api import FakeKubeApi, scale_path
+from tests.integration.fake_kube_api import (
+    DELETION_COST,
+    FakeKubeApi,
+    RecordedRequest,
+    pod_path,
+    pods_path,
+    scale_path,
+)
 
 NS = "serving"
 PREFILL = "pdserve-prefill"
@@ -254,3 +261,149 @@ def test_missing_client_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(sys.modules, "kubernetes", None)
     with pytest.raises(ImportError, match=r"needs the 'kubernetes' package \(pip install"):
         load_kubernetes()
+
+
+# -- scale-in: drain, mark the chosen pod, then lower the replicas ---------------------------
+
+DECODE_PODS = ("pdserve-decode-a", "pdserve-decode-b", "pdserve-decode-c")
+
+
+class _Drain:
+    """A ``WorkerDrain`` that records its calls and how many API requests preceded each."""
+
+    def __init__(self, fake: FakeKubeApi) -> None:
+        self.fake = fake
+        self.drained: list[tuple[tuple[str, ...], int]] = []
+        self.released: list[tuple[str, ...]] = []
+
+    def drain(self, worker_ids: Sequence[str]) -> dict[str, int]:
+        self.drained.append((tuple(worker_ids), len(self.fake.requests)))
+        return dict.fromkeys(worker_ids, 0)
+
+    def release(self, worker_ids: Sequence[str]) -> None:
+        self.released.append(tuple(worker_ids))
+
+
+@pytest.fixture()
+def pods(fake: FakeKubeApi) -> FakeKubeApi:
+    """Three decode pods (the scale says 3), one prefill pod, and pods the actuator must
+    never touch: another app's in the namespace (with its own deletion cost), and one with
+    the decode pods' labels and a decode pod's name in another namespace."""
+    fake.add_deployment(NS, DECODE, 3)
+    for name in DECODE_PODS:
+        fake.add_pod(NS, name, {"app": DECODE})
+    fake.add_pod(NS, "pdserve-prefill-a", {"app": PREFILL})
+    fake.add_pod(NS, "other-app-0", {"app": "other-app"}, {DELETION_COST: "-5"})
+    fake.add_pod("elsewhere", "pdserve-decode-b", {"app": DECODE})
+    fake.clear_requests()
+    return fake
+
+
+def _pod_requests(fake: FakeKubeApi) -> list[RecordedRequest]:
+    return [r for r in fake.requests if r.path.startswith("/api/v1/")]
+
+
+def _only_own_objects(fake: FakeKubeApi) -> None:
+    """Every request named one of the two scale subresources, the namespace's pod list with
+    a workload's selector, or a decode pod; nothing else was read or written."""
+    own = {pod_path(NS, p) for p in DECODE_PODS} | OWN_PATHS | {pods_path(NS)}
+    assert {r.path for r in fake.requests} <= own
+    for r in fake.requests:
+        if r.path == pods_path(NS):
+            assert (r.method, r.query["labelSelector"]) == ("GET", f"app={DECODE}")
+        elif r.path.startswith("/api/v1/"):
+            assert r.method == "PATCH"
+    assert fake.pod_annotations(NS, "other-app-0") == {DELETION_COST: "-5"}
+    assert "other-app-0" in fake.pod_names(NS)
+    assert fake.pod_names("elsewhere") == ["pdserve-decode-b"]
+    assert fake.pod_annotations("elsewhere", "pdserve-decode-b") == {}
+    _untouched_scales(fake)
+
+
+def _untouched_scales(fake: FakeKubeApi) -> None:
+    assert fake.replicas(NS, "other-app") == 7
+    assert fake.replicas("elsewhere", DECODE) == 5
+    assert fake.replicas(NS, PREFILL) == 1
+
+
+def test_scale_in_drains_marks_the_chosen_pod_then_scales(pods: FakeKubeApi) -> None:
+    pods.add_pod(NS, "pdserve-decode-a", {"app": DECODE}, {DELETION_COST: "-1"})  # stale mark
+    pods.clear_requests()
+    drain = _Drain(pods)
+    with KubernetesActuator.from_config(_config(pods), drain) as act:
+        act.scale("decode", 2, remove=("pdserve-decode-b",))
+
+    # The chosen worker was drained before any pod was written, its pod got the lowest
+    # cost and the stale mark came off; only then did the replicas drop.
+    assert drain.drained == [(("pdserve-decode-b",), 2)]  # after the scale read, the pod list
+    writes = [(r.method, r.path, r.body) for r in pods.requests if r.method != "GET"]
+    assert writes[:2] == [
+        ("PATCH", pod_path(NS, "pdserve-decode-a"),
+         {"metadata": {"annotations": {DELETION_COST: None}}}),
+        ("PATCH", pod_path(NS, "pdserve-decode-b"),
+         {"metadata": {"annotations": {DELETION_COST: "-1"}}}),
+    ]  # fmt: skip
+    (put,) = writes[2:]
+    assert (put[0], put[1], put[2]["spec"]) == ("PUT", scale_path(NS, DECODE), {"replicas": 2})
+    assert all(r.content_type == "application/merge-patch+json" for r in _pod_requests(pods)
+               if r.method == "PATCH")  # fmt: skip
+    # The controller stand-in removed the marked pod, the other two stay.
+    assert pods.replicas(NS, DECODE) == 2
+    assert pods.deleted_pods == [(NS, "pdserve-decode-b")]
+    assert pods.pod_annotations(NS, "pdserve-decode-a") == {}
+    assert drain.released == []
+    _only_own_objects(pods)
+
+
+def test_scale_in_never_touches_pods_outside_its_workload(pods: FakeKubeApi) -> None:
+    # Asked to remove another app's pod and a decode pod, it drains and marks only its own;
+    # the replicas drop by two and the controller picks the second pod.
+    drain = _Drain(pods)
+    with KubernetesActuator.from_config(_config(pods), drain) as act:
+        act.scale("decode", 1, remove=("other-app-0", "pdserve-decode-c", "pdserve-decode-a"))
+    assert drain.drained == [(("pdserve-decode-c",), 2)]
+    assert [r.path for r in _pod_requests(pods) if r.method == "PATCH"] == [
+        pod_path(NS, "pdserve-decode-c")
+    ]
+    assert pods.replicas(NS, DECODE) == 1
+    assert pods.deleted_pods[0] == (NS, "pdserve-decode-c")
+    assert len(pods.deleted_pods) == 2
+    _only_own_objects(pods)
+
+
+def test_scale_in_retries_on_conflict_without_marking_again(pods: FakeKubeApi) -> None:
+    pods.race_next_writes(1)  # another writer changes the scale between read and write
+    drain = _Drain(pods)
+    with KubernetesActuator.from_config(_config(pods), drain) as act:
+        act.scale("decode", 2, remove=("pdserve-decode-a",))
+    assert [(r.method, r.status) for r in pods.requests if r.path == scale_path(NS, DECODE)] == [
+        ("GET", 200),
+        ("GET", 200),
+        ("PUT", 409),
+        ("GET", 200),
+        ("PUT", 200),
+    ]
+    assert len(drain.drained) == 1
+    assert len([r for r in _pod_requests(pods) if r.method == "PATCH"]) == 1
+    assert pods.deleted_pods == [(NS, "pdserve-decode-a")]
+    _only_own_objects(pods)
+
+
+def test_a_failed_scale_in_gives_the_drained_worker_back(pods: FakeKubeApi) -> None:
+    pods.fail_next_writes(100)
+    drain = _Drain(pods)
+    act = KubernetesActuator.from_config(_config(pods, max_attempts=2), drain)
+    with act, pytest.raises(ScaleConflictError):
+        act.scale("decode", 2, remove=("pdserve-decode-b",))
+    assert drain.released == [("pdserve-decode-b",)]
+    assert pods.replicas(NS, DECODE) == 3 and pods.deleted_pods == []
+
+
+def test_scale_in_without_a_drain_still_picks_the_pod(pods: FakeKubeApi) -> None:
+    with KubernetesActuator.from_config(_config(pods)) as act:
+        act.scale("decode", 2, remove=("pdserve-decode-a",))
+        act.scale("decode", 4, remove=("pdserve-decode-b",))  # a scale-up removes nothing
+    assert pods.deleted_pods == [(NS, "pdserve-decode-a")]
+    assert pods.replicas(NS, DECODE) == 4
+    assert len([r for r in _pod_requests(pods) if r.method == "PATCH"]) == 1
+    _only_own_objects(pods)

@@ -21,28 +21,38 @@ from pdserve.cluster.redis_server import RedisServer, RedisServerConfig, connect
 from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.router_wiring import RedisLocality, RedisWorkerDirectory, merge_after_restart
 from pdserve.cluster.worker_agent import AgentConfig, WorkerAgent, start_worker_agent
-from pdserve.engine.kv_cache.events import BlocksRemoved, BlocksStored, CacheCleared, KVCacheEvent
+from pdserve.engine.kv_cache.events import (
+    BlocksRemoved,
+    BlocksStored,
+    CacheCleared,
+    CachedBlocks,
+    KVCacheEvent,
+)
+from pdserve.engine.kv_cache.tiers import KVTier
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
+from pdserve.router.policies import PrefixHit
 
 
 class BlockCache:
-    """Stands in for an engine's KV pool: hashes held plus undrained events."""
+    """Stands in for an engine's KV pool and tiers: hashes held (with their tiers) plus
+    undrained events."""
 
     def __init__(self) -> None:
-        self.held: set[int] = set()
+        self.held: dict[int, KVTier] = {}
         self.events: list[KVCacheEvent] = []
         self.lock = threading.Lock()
         self.running = 0
 
-    def store(self, *hashes: int) -> None:
+    def store(self, *hashes: int, tier: KVTier = KVTier.POOL) -> None:
         with self.lock:
-            self.held.update(hashes)
-            self.events.append(BlocksStored(hashes))
+            self.held |= dict.fromkeys(hashes, tier)
+            self.events.append(BlocksStored(hashes, tier))
 
     def remove(self, *hashes: int) -> None:
         with self.lock:
-            self.held.difference_update(hashes)
+            for h in hashes:
+                self.held.pop(h, None)
             self.events.append(BlocksRemoved(hashes))
 
     def clear(self) -> None:
@@ -58,10 +68,11 @@ class BlockCache:
             out, self.events = self.events, []
             return out
 
-    def snapshot(self) -> list[int]:
+    def snapshot(self) -> CachedBlocks:
         with self.lock:
             self.events = []
-            return sorted(self.held)
+            hashes = sorted(self.held)
+            return CachedBlocks(tuple(hashes), tuple(self.held[h] for h in hashes))
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
@@ -119,8 +130,12 @@ def test_agent_registers_publishes_events_and_deregisters(
         cache.remove(1)
         wait_until(lambda: index.blocks_of("prefill-0") == {2, 3, 4})
         # prefix 2,3,4 is held; 1 was evicted, so a prompt starting with block 1 has no hit
-        assert index.longest_prefix([2, 3, 4, 5], ["prefill-0"]) == {"prefill-0": 3}
-        assert index.longest_prefix([1, 2], ["prefill-0"]) == {"prefill-0": 0}
+        assert index.longest_prefix([2, 3, 4, 5], ["prefill-0"]) == {"prefill-0": PrefixHit(3)}
+        assert index.longest_prefix([1, 2], ["prefill-0"]) == {"prefill-0": PrefixHit(0)}
+        cache.store(3, tier=KVTier.HOST)  # evicted from the pool into host memory
+        cache.store(4, tier=KVTier.DISK)
+        hit = PrefixHit(3, host_blocks=1, disk_blocks=1)
+        wait_until(lambda: index.longest_prefix([2, 3, 4], ["prefill-0"]) == {"prefill-0": hit})
         cache.running = 3
         wait_until(lambda: registry.get("prefill-0").load.running == 3)  # type: ignore[union-attr]
         cache.clear()
@@ -143,9 +158,11 @@ def test_snapshot_is_sent_when_the_index_saw_a_gap(
         sneaky = KvEventSequencer("prefill-0", agent.epoch)
         sneaky.last_seq = 10_000
         assert index.apply([sneaky.stored([99])]).statuses == (ApplyStatus.GAP,)
-        assert index.longest_prefix([10], ["prefill-0"]) == {"prefill-0": 0}
+        assert index.longest_prefix([10], ["prefill-0"]) == {"prefill-0": PrefixHit(0)}
         cache.store(11)
-        wait_until(lambda: index.longest_prefix([10, 11], ["prefill-0"]) == {"prefill-0": 2})
+        wait_until(
+            lambda: index.longest_prefix([10, 11], ["prefill-0"]) == {"prefill-0": PrefixHit(2)}
+        )
         assert index.blocks_of("prefill-0") == {10, 11}  # 99 never held: not in the snapshot
     finally:
         agent.stop()
@@ -164,7 +181,7 @@ def test_new_epoch_of_a_worker_drops_the_old_entries(
     try:
         assert new.epoch > old.epoch
         assert index.blocks_of("prefill-0") == set()
-        assert index.longest_prefix([5, 6], ["prefill-0"]) == {"prefill-0": 0}
+        assert index.longest_prefix([5, 6], ["prefill-0"]) == {"prefill-0": PrefixHit(0)}
         # A late event of the dead incarnation is refused.
         late = KvStored("prefill-0", old.epoch, 99, (5,))
         assert index.apply([late]).statuses == (ApplyStatus.STALE_EPOCH,)
@@ -186,6 +203,31 @@ def test_older_incarnation_learns_it_was_superseded(
         second.stop()
 
 
+def test_lapsed_lease_comes_back_as_a_new_incarnation(
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    keys: RedisKeys,
+    config: AgentConfig,
+    index: LocalityIndex,
+    registry: WorkerRegistry,
+) -> None:
+    cache = BlockCache()
+    cache.store(7, 8)
+    agent = start(redis_server.url, cache, config)
+    try:
+        first_epoch = agent.epoch
+        # As if the host had been cut off past its lease: the registration is gone.
+        redis_client.delete(keys.worker("prefill-0"))
+        wait_until(lambda: agent.epoch > first_epoch)
+        wait_until(lambda: registry.get("prefill-0") is not None)
+        assert registry.get("prefill-0").epoch == agent.epoch  # type: ignore[union-attr]
+        wait_until(lambda: index.blocks_of("prefill-0") == {7, 8})
+        late = KvStored("prefill-0", first_epoch, 10_000, (9,))
+        assert index.apply([late]).statuses == (ApplyStatus.STALE_EPOCH,)
+    finally:
+        agent.stop()
+
+
 def test_agent_rebuilds_registration_and_index_after_redis_restart(
     keys: RedisKeys, config: AgentConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -205,7 +247,7 @@ def test_agent_rebuilds_registration_and_index_after_redis_restart(
         registry = WorkerRegistry(client, keys)
         wait_until(lambda: registry.get("prefill-0") is not None)
         wait_until(lambda: index.blocks_of("prefill-0") == {1, 2, 3, 4})
-        assert index.longest_prefix([1, 2, 3, 4], ["prefill-0"]) == {"prefill-0": 4}
+        assert index.longest_prefix([1, 2, 3, 4], ["prefill-0"]) == {"prefill-0": PrefixHit(4)}
         unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
         assert len(unreachable) == 1, [r.getMessage() for r in caplog.records]
     finally:
@@ -237,8 +279,8 @@ def test_directory_and_locality_adapters_follow_the_registry(
         wait_until(lambda: directory.live_workers()[0].load.running == 2)
         assert directory.live_workers()[0].load.free_blocks == 7
         assert locality.longest_prefix([7, 8, 9], ["decode-3", "nobody"]) == {
-            "decode-3": 2,
-            "nobody": 0,
+            "decode-3": PrefixHit(2),
+            "nobody": PrefixHit(0),
         }
         agent.stop()  # deregisters: the router stops seeing it
         wait_until(lambda: directory.live_workers() == ())
@@ -264,7 +306,7 @@ def test_locality_falls_back_to_empty_while_redis_is_down(
         index.apply([seq.stored([1, 2])])
         directory.refresh()
         assert [w.worker_id for w in directory.live_workers()] == ["w"]
-        assert locality.longest_prefix([1, 2], ["w"]) == {"w": 2}
+        assert locality.longest_prefix([1, 2], ["w"]) == {"w": PrefixHit(2)}
         caplog.set_level(logging.WARNING, logger="pdserve.router_wiring")
         server.stop()
         for _ in range(3):
@@ -282,7 +324,7 @@ def test_locality_falls_back_to_empty_while_redis_is_down(
         assert registry.register(agent_info)
         index.apply([seq.snapshot([1, 2])])
         time.sleep(0.06)
-        assert locality.longest_prefix([1, 2], ["w"]) == {"w": 2}
+        assert locality.longest_prefix([1, 2], ["w"]) == {"w": PrefixHit(2)}
         assert locality.redis_ok
     finally:
         client.close()

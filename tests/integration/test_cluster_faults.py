@@ -126,7 +126,7 @@ class Redis:
         return int(dict(info.load.extra)["pid"])
 
     def holds(self, worker_id: str, hashes: list[int]) -> bool:
-        return self.index().longest_prefix(hashes, [worker_id])[worker_id] == len(hashes)
+        return self.index().longest_prefix(hashes, [worker_id])[worker_id].blocks == len(hashes)
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +188,7 @@ def test_killed_prefill_worker_is_retried_and_replaced_with_a_new_epoch(
         f"{victim} to come back",
     )
     assert rds.pid(victim) != old_pid and not alive(old_pid)
-    assert rds.index().longest_prefix(hashes, [victim]) == {victim: 0}
+    assert rds.index().longest_prefix(hashes, [victim])[victim].blocks == 0
     assert not set(hashes) & rds.index().blocks_of(victim)
     rows = {w["worker_id"]: w for w in up.status()["workers"]}
     assert rows[victim]["epoch"] == rds.epochs()[victim]
@@ -348,7 +348,7 @@ def test_the_router_sweeps_the_entries_of_a_worker_whose_lease_lapsed(
         assert [w.worker_id for w in directory.live_workers()] == ["gone"]
         # No heartbeat: the lease lapses, and the directory's own thread drops the entries.
         wait_until(lambda: not index.blocks_of("gone"), 10, "the sweep of the lapsed worker")
-        assert index.holders(11) == set()
+        assert index.holders(11) == {}
         assert directory.live_workers() == ()
     finally:
         directory.stop()

@@ -114,7 +114,7 @@ def test_prompt_blocks_reach_the_locality_index(up: UpProcess, reference: Any) -
     client = redis_client(up)
     index = LocalityIndex(client, RedisKeys(up.state["key_prefix"]))
     deadline = time.monotonic() + 10
-    while index.longest_prefix(hashes, ["prefill-0"])["prefill-0"] < len(hashes):
+    while index.longest_prefix(hashes, ["prefill-0"])["prefill-0"].blocks < len(hashes):
         assert time.monotonic() < deadline, "the prefill worker's blocks never got indexed"
         time.sleep(0.1)
     client.close()

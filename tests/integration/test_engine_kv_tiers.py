@@ -1,6 +1,9 @@
 """Greedy output is unchanged (fp32) when a prompt's prefix blocks were evicted from a tiny
-pool and come back from the host tier, from the disk tier, and from the disk tier a new
-engine indexes at start; in bf16 from the host tier; the tier counters show the hits."""
+pool and come back from the host tier (kept exact, or as int8), from the disk tier, and from
+the disk tier a new engine indexes at start; in bf16 from the host tier (exact and int8);
+the tier counters show the hits. The KV events follow the blocks between tiers, and a
+restarted worker's disk tier reaches the locality index (a real redis-server) under its new
+epoch."""
 
 from __future__ import annotations
 
@@ -8,18 +11,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import torch
 
+from pdserve.cluster.locality_index import LocalityIndex
+from pdserve.cluster.redis_server import RedisServer
+from pdserve.cluster.registry import WorkerRegistry
+from pdserve.cluster.worker_agent import AgentConfig, WorkerAgent, start_worker_agent
 from pdserve.engine import LLM, SamplingParams
+from pdserve.engine.kv_cache import BlockHash, BlocksRemoved, BlocksStored, KVTier
 from pdserve.engine.model.loader import load_model
 from pdserve.engine.model.packed_gemm import gemm_for
 from pdserve.engine.worker_state import LoadedModel
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
+from pdserve.router.policies import PrefixHit
+from pdserve.router.state.locality import engine_prompt_hasher
 
 pytestmark = pytest.mark.slow
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 POOL = {"num_blocks": 40, "block_size": 16}  # 640 token slots
-HOST_BYTES = 64 * 200_000  # room for 64 int8 blocks of the default model
+HOST_BYTES = 64 * 740_000  # room for 64 exact fp32 blocks of the default model
 PREFIX_TOKENS = 320  # 20 blocks, shared by the two questions
 FILLER_TOKENS = 624  # + 16 new tokens = all 40 blocks: evicts the whole prefix
 
@@ -69,10 +82,12 @@ def _evict_then_ask(llm: LLM, prompts: dict[str, list[int]]) -> list[int]:
     return tokens
 
 
+@pytest.mark.parametrize("codec", ["exact", "int8"])
 def test_prefix_back_from_host_memory_changes_no_token(
-    loaded: LoadedModel, prompts: dict[str, list[int]], reference: list[int]
+    loaded: LoadedModel, prompts: dict[str, list[int]], reference: list[int], codec: str
 ) -> None:
-    llm = LLM(loaded=loaded, host_tier_bytes=HOST_BYTES, **POOL)
+    """int8 is not bit-exact: on this prompt its tokens are the same all the same."""
+    llm = LLM(loaded=loaded, host_tier_bytes=HOST_BYTES, tier_codec=codec, **POOL)
     assert _evict_then_ask(llm, prompts) == reference
     stats = llm.engine.tier_stats()
     assert stats.host_hit_tokens == PREFIX_TOKENS, stats
@@ -95,10 +110,11 @@ def test_prefix_back_from_disk_and_after_a_restart_changes_no_token(
     assert restarted.engine.tier_stats().disk_hit_tokens == PREFIX_TOKENS
 
 
+@pytest.mark.parametrize("codec", ["exact", "int8"])
 def test_bf16_prefix_back_from_host_memory_changes_no_token(
-    default_model_source: Any, smollm2_tokenizer: Any, prompts: dict[str, list[int]]
+    default_model_source: Any, smollm2_tokenizer: Any, prompts: dict[str, list[int]], codec: str
 ) -> None:
-    """The int8 blocks come back into a bf16 pool. The reference is the same engine without
+    """The blocks come back into a bf16 pool. The reference is the same engine without
     tiers on the second prompt alone (after the filler it would recompute it all the same),
     computing the whole prompt where the tiered one computes only its tail: the same tokens
     need linears whose rows do not depend on the batch (as in test_engine_greedy's bf16
@@ -109,6 +125,76 @@ def test_bf16_prefix_back_from_host_memory_changes_no_token(
     loaded = LoadedModel(default_model_source, weights, smollm2_tokenizer, "bfloat16")
     bf16 = {"loaded": loaded, "dtype": "bfloat16", **POOL}
     without_tiers = LLM(**bf16).generate([prompts["second"]], GREEDY)[0].token_ids
-    llm = LLM(host_tier_bytes=HOST_BYTES, **bf16)
+    llm = LLM(host_tier_bytes=HOST_BYTES, tier_codec=codec, **bf16)
     assert _evict_then_ask(llm, prompts) == without_tiers
     assert llm.engine.tier_stats().host_hit_tokens == PREFIX_TOKENS
+
+
+def test_int8_pool_prefix_back_from_host_memory_and_disk_changes_no_token(
+    loaded: LoadedModel, prompts: dict[str, list[int]], tmp_path: Path
+) -> None:
+    """An int8 pool's blocks go to the tiers and come back as they were stored, so the
+    prefix read back gives the tokens the same int8 engine computes from scratch."""
+    int8 = {"loaded": loaded, "kv_cache_dtype": "int8", **POOL}
+    without_tiers = LLM(enable_prefix_caching=False, **int8)
+    reference = without_tiers.generate([prompts["second"]], GREEDY)[0].token_ids
+    host = LLM(host_tier_bytes=HOST_BYTES, **int8)
+    assert _evict_then_ask(host, prompts) == reference
+    assert host.engine.tier_stats().host_hit_tokens == PREFIX_TOKENS
+    disk = LLM(host_tier_bytes=0, disk_tier_path=str(tmp_path), **int8)
+    assert _evict_then_ask(disk, prompts) == reference
+    assert disk.engine.tier_stats().disk_hit_tokens == PREFIX_TOKENS
+
+
+def _prefix_tiers(llm: LLM, prefix_hashes: list[BlockHash]) -> set[KVTier]:
+    """Where the engine's KV events (drained now) last put each of ``prefix_hashes``."""
+    where: dict[BlockHash, KVTier | None] = {}
+    for event in llm.engine.kv.drain_events():
+        if isinstance(event, BlocksStored):
+            where |= dict.fromkeys(event.block_hashes, event.tier)
+        elif isinstance(event, BlocksRemoved):
+            where |= dict.fromkeys(event.block_hashes, None)
+    return {where[h] for h in prefix_hashes if h in where}  # type: ignore[misc]
+
+
+def _agent(redis_url: str, keys: RedisKeys, llm: LLM) -> WorkerAgent:
+    """The worker's Redis agent over an engine this test steps itself (never meanwhile)."""
+    kv = llm.engine.kv
+    info = WorkerInfo("prefill-0", WorkerRole.PREFILL, "127.0.0.1:1", "m", kv.num_blocks, 16)
+    config = AgentConfig(key_prefix=keys.prefix, lease_s=30.0, heartbeat_s=5.0)
+    return start_worker_agent(
+        redis_url, info, WorkerLoad, kv.drain_events, kv.cached_blocks, config
+    )
+
+
+def test_a_restarted_worker_republishes_its_disk_tier_with_its_new_epoch(
+    loaded: LoadedModel,
+    prompts: dict[str, list[int]],
+    tmp_path: Path,
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    keys: RedisKeys,
+) -> None:
+    """Blocks move pool -> disk -> pool in the KV events; a new engine on the same disk
+    directory publishes them, on disk, under the new epoch of the worker's id."""
+    tiers = {"host_tier_bytes": 0, "disk_tier_path": str(tmp_path), "disk_tier_bytes": 10**9}
+    llm = LLM(loaded=loaded, **tiers, **POOL)
+    prefix = engine_prompt_hasher(loaded.source.model_id)(prompts["first"][:PREFIX_TOKENS])
+    assert len(prefix) == PREFIX_TOKENS // 16
+    llm.generate([prompts["first"]], GREEDY)
+    assert _prefix_tiers(llm, prefix) == {KVTier.POOL}
+    llm.generate([prompts["filler"]], GREEDY)
+    assert _prefix_tiers(llm, prefix) == {KVTier.DISK}, "evicted from the pool onto disk"
+    llm.generate([prompts["second"]], GREEDY)
+    assert _prefix_tiers(llm, prefix) == {KVTier.POOL}, "loaded back"
+    del llm
+
+    index = LocalityIndex(redis_client, keys)
+    restarted = LLM(loaded=loaded, **tiers, **POOL)
+    agent = _agent(redis_server.url, keys, restarted)
+    try:
+        hit = index.longest_prefix(prefix, ["prefill-0"])["prefill-0"]
+        assert hit == PrefixHit(len(prefix), disk_blocks=len(prefix))
+        assert WorkerRegistry(redis_client, keys).get("prefill-0").epoch == agent.epoch  # type: ignore[union-attr]
+    finally:
+        agent.stop()

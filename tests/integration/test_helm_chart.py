@@ -275,6 +275,40 @@ def test_router_deployment_and_service() -> None:
     assert one(docs, "Deployment", name("router"))["spec"]["replicas"] == 2
 
 
+def test_router_front_door_from_secrets() -> None:
+    """API keys and TLS come from Secrets mounted read-only; kubelet's gRPC probes cannot
+    speak TLS, so the probes change; the scrape of /metrics turns HTTPS."""
+    docs = render(load_values("router-front-door.yaml"))
+    router = container(docs, "router")
+    assert arg_value(router, "--api-keys-file") == "/etc/pdserve/api-keys/api-keys"
+    assert arg_value(router, "--tls-cert") == "/etc/pdserve/tls/tls.crt"
+    assert arg_value(router, "--tls-key") == "/etc/pdserve/tls/tls.key"
+    mounts = {m["name"]: (m["mountPath"], m.get("readOnly")) for m in router["volumeMounts"]}
+    assert mounts["api-keys"] == ("/etc/pdserve/api-keys", True)
+    assert mounts["tls"] == ("/etc/pdserve/tls", True)
+    pod = one(docs, "Deployment", name("router"))["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["api-keys"]["secret"] == {
+        "secretName": "pdserve-api-keys",
+        "defaultMode": 0o400,
+        "items": [{"key": "keys.txt", "path": "api-keys"}],
+    }
+    assert volumes["tls"]["secret"] == {"secretName": "pdserve-router-tls", "defaultMode": 0o400}
+    readiness = router["readinessProbe"]
+    assert readiness["httpGet"] == {"path": "/health", "port": 8000, "scheme": "HTTPS"}
+    for probe in ("startupProbe", "livenessProbe"):
+        assert router[probe]["tcpSocket"] == {"port": 50051} and "grpc" not in router[probe]
+    ports = one(docs, "Service", name("router"))["spec"]["ports"]
+    assert [p.get("appProtocol") for p in ports] == ["https", None]
+    scrape = one(docs, "ServiceMonitor", FULLNAME)["spec"]["endpoints"][0]
+    assert (scrape["port"], scrape["scheme"]) == ("http", "https")
+    assert scrape["tlsConfig"] == {"insecureSkipVerify": True}
+    files = render_files(load_values("router-front-door.yaml"))
+    notes = next(text for path, text in files.items() if path.endswith("NOTES.txt"))
+    assert "curl -k https://127.0.0.1:8000/v1/completions" in notes
+    assert "Authorization: Bearer $API_KEY" in notes
+
+
 @pytest.mark.parametrize("pool", POOLS)
 def test_workers_run_the_worker_server_with_grpc_probes(pool: str) -> None:
     docs = render({})
@@ -343,6 +377,46 @@ def test_decode_speculative_values_become_the_decode_workers_flags() -> None:
     decode = container(render({"decode": {"speculative": draft}}), "decode")
     assert arg_value(decode, "--draft-model") == "/models/draft"
     assert arg_value(decode, "--draft-num-blocks") == "1000000"  # an integer, not 1e+06
+
+
+def test_kv_tier_values_become_the_workers_flags_and_a_volume() -> None:
+    from pdserve.engine.config import CacheConfig
+    from pdserve.worker.server import build_parser as worker_server_parser
+    from pdserve.worker.server import configs_from_args
+
+    def cache_of(c: dict[str, Any], role: str) -> CacheConfig:
+        worker_args = [a for a in c["args"][1:] if a.startswith("--kv-")]
+        args = worker_server_parser().parse_args(["--role", role, *worker_args])
+        return configs_from_args(args)[1].cache
+
+    defaults = render({})
+    for pool in POOLS:
+        assert not any(
+            a.startswith("--kv-") and "tier" in a for a in container(defaults, pool)["args"]
+        )
+        assert cache_of(container(defaults, pool), pool) == CacheConfig()
+    docs = render(load_values("kv-tiers.yaml"))
+    prefill = cache_of(container(docs, "prefill"), "prefill")
+    assert (prefill.host_tier_bytes, prefill.disk_tier_path) == (2 * 1024**3, None)
+    decode_container = container(docs, "decode")
+    decode = cache_of(decode_container, "decode")
+    assert (decode.host_tier_bytes, decode.tier_codec) == (1024**3, "int8")
+    assert (decode.disk_tier_path, decode.disk_tier_bytes) == (
+        "/var/cache/pdserve/kv-tier",
+        40 * 1024**3,
+    )
+    mounts = {m["name"]: m["mountPath"] for m in decode_container["volumeMounts"]}
+    assert mounts["kv-tier"] == decode.disk_tier_path
+    pod = one(docs, "Deployment", name("decode"))["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["kv-tier"]["emptyDir"] == {"sizeLimit": "44Gi"}
+    prefill_pod = one(docs, "Deployment", name("prefill"))["spec"]["template"]["spec"]
+    assert "kv-tier" not in {v["name"] for v in prefill_pod["volumes"]}
+    ephemeral = {"ephemeral": {"volumeClaimTemplate": {"spec": {"storageClassName": "nvme"}}}}
+    disk = {"enabled": True, "bytes": "1GiB", "sizeLimit": "2Gi", "volume": ephemeral}
+    pod = one(render({"decode": {"kvTiers": {"disk": disk}}}), "Deployment", name("decode"))
+    (volume,) = [v for v in pod["spec"]["template"]["spec"]["volumes"] if v["name"] == "kv-tier"]
+    assert volume == {"name": "kv-tier", **ephemeral}
 
 
 def test_no_gpu_is_requested_by_default() -> None:
@@ -510,11 +584,14 @@ def test_planner_rbac_is_limited_to_its_two_workloads() -> None:
     workloads = {name(pool) for pool in POOLS}
     assert workloads <= set(of_kind(docs, "Deployment"))
     (role,) = of_kind(docs, "Role").values()
-    (rule,) = role["rules"]
+    rule, pods = role["rules"]
     assert rule["apiGroups"] == ["apps"]
     assert rule["resources"] == ["deployments/scale"]
     assert sorted(rule["verbs"]) == ["get", "patch", "update"]
     assert sorted(rule["resourceNames"]) == sorted(workloads)
+    # The scale-in's pod choice: list and patch pods, nothing more (RBAC cannot narrow pods
+    # by label; the planner keeps to its workloads' selectors in code).
+    assert pods == {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}
     assert of_kind(docs, "ClusterRole") == {} and of_kind(docs, "ClusterRoleBinding") == {}
     (binding,) = of_kind(docs, "RoleBinding").values()
     assert binding["roleRef"] == {
@@ -536,6 +613,16 @@ def test_planner_rbac_is_limited_to_its_two_workloads() -> None:
     assert arg_value(planner, "--decode-deployment") == name("decode")
     assert arg_value(planner, "--namespace") == "$(POD_NAMESPACE)"
     assert arg_value(planner, "--max-decode") == "8"
+    # It waits for a drained worker as long as a worker drains on SIGTERM.
+    assert env_of(planner)["PDSERVE_DRAIN_TIMEOUT_S"]["value"] == "20"
+    assert "--grace-s=20" in container(docs, "decode")["args"]
+    # A worker's id is its pod's name: how the planner finds the pod of the worker it drained.
+    for pool in POOLS:
+        worker = container(docs, pool)
+        assert arg_value(worker, "--worker-id") == "$(POD_NAME)"
+        assert env_of(worker)["POD_NAME"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "metadata.name"}
+        }
     assert one(docs, "Deployment", name("planner"))["spec"]["replicas"] == 1
     # The planner owns the replica counts: the chart leaves them out.
     assert _worker_replicas(docs) == {"prefill": None, "decode": None}
@@ -639,6 +726,8 @@ def test_optional_parts_off() -> None:
         assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
         assert env_of(c)["PDSERVE_LEASE_S"]["value"] == "10"
     assert arg_value(container(docs, "prefill"), "--kv-backend") == "tcp"
+    for pool in POOLS:
+        assert arg_value(container(docs, pool), "--kv-cache-dtype") == "int8", pool
     assert arg_value(container(docs, "router"), "--router-processes") == "2"
     assert one(docs, "Service", name("router"))["spec"]["type"] == "LoadBalancer"
 
@@ -669,6 +758,12 @@ def test_optional_parts_off() -> None:
             "at '/redis/bundled/auth/password'",
             "does not match pattern",
         ),
+        (
+            {"decode": {"kvTiers": {"codec": "zstd"}}},
+            "at '/decode/kvTiers/codec'",
+            "must be one of",
+        ),
+        ({"prefill": {"kvTiers": {"hostBytes": "2GB"}}}, "at '/prefill/kvTiers/hostBytes'", ""),
     ],
 )
 def test_schema_rejects_bad_values(values: dict[str, Any], where: str, what: str) -> None:

@@ -1,7 +1,8 @@
 """One conformance suite for every KV transfer backend: nixl, tcp, inproc.
 
 For nixl and tcp the receiver runs in a spawned child process and the sender in the test
-process, so bytes really cross a process boundary (NIXL over UCX, TCP over loopback).
+process, so bytes really cross a process boundary (NIXL over UCX, TCP over loopback). The
+receiver process holds fp32, bf16 and int8 pools (an int8 pool: int8 rows with a scale each).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from pdserve.kv_codec import dequantize_rows, quantize_rows
 from pdserve.kv_transfer import (
     BACKENDS,
     KVPoolLayout,
@@ -24,10 +26,11 @@ from pdserve.kv_transfer import (
     make_receiver,
     make_sender,
 )
+from pdserve.kv_transfer.connector import TransferOutcome
 from pdserve.kv_transfer.peer_process import EndpointSpec, LocalPeer, PeerProcess, make_pool
 
 DTYPES = (torch.float32, torch.bfloat16)
-SLOT = {torch.float32: 0, torch.bfloat16: 1}  # receiver endpoint per dtype in the peer
+SLOT = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # receiver endpoint per pool dtype
 NUM_BLOCKS = 32
 TIMEOUT_S = 10.0
 FULL_PATH = (TransferState.PENDING, TransferState.TRANSFERRING, TransferState.DONE)
@@ -43,7 +46,7 @@ def _layout(dtype: torch.dtype, head_dim: int = 8) -> KVPoolLayout:
 def receiver_peer(request: pytest.FixtureRequest) -> Iterator[tuple[str, Peer]]:
     backend = str(request.param)
     config = TransferConfig(timeout_s=TIMEOUT_S, int8=True)
-    specs = [EndpointSpec(backend, "receiver", _layout(dt), config) for dt in DTYPES]
+    specs = [EndpointSpec(backend, "receiver", _layout(dt), config) for dt in SLOT]
     peer: Peer = LocalPeer(specs) if backend == "inproc" else PeerProcess(specs)
     yield backend, peer
     peer.close()
@@ -127,6 +130,67 @@ def test_int8_transfer_is_within_tolerance(
     record_bytes = scales + layout.elems_per_block
     assert received.bytes_moved == len(src) * record_bytes
     assert saved == len(src) * layout.block_bytes - received.bytes_moved
+
+
+def _send(
+    peer: Peer, sender: KVSender, slot: int, src: list[int], dst: list[int]
+) -> TransferOutcome:
+    """Move ``src`` to ``dst`` of the peer's endpoint ``slot``; the receiver's outcome."""
+    tid = _tid()
+    peer.expect(slot, tid, dst)
+    handle = sender.send(tid, src, peer.metadata[slot], dst)
+    assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
+    received = peer.wait(tid, TIMEOUT_S)
+    assert received.state is TransferState.DONE, received.error
+    return received
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["plain", "int8-config"])
+def test_int8_pool_blocks_move_as_they_are(receiver_peer: tuple[str, Peer], int8: bool) -> None:
+    """Between int8 pools the blocks move as stored, values and scales, whatever the
+    sender's int8 setting (its int8 records are for float pools)."""
+    backend, peer = receiver_peer
+    sender, pool = _sender(backend, torch.int8, int8=int8, seed=4)
+    src, dst = [6, 0, 31], [1, 29, 3]
+    try:
+        received = _send(peer, sender, SLOT[torch.int8], src, dst)
+    finally:
+        sender.close()
+    assert torch.equal(peer.blocks(SLOT[torch.int8], dst), pool[src])
+    assert received.bytes_moved == len(src) * _layout(torch.int8).block_bytes
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_float_blocks_reach_an_int8_pool_quantized(
+    receiver_peer: tuple[str, Peer], dtype: torch.dtype
+) -> None:
+    """The sender quantizes to the receiver's int8 rows and sends those (half the bytes or
+    less), bit for bit what the int8 pool itself would have stored."""
+    backend, peer = receiver_peer
+    sender, pool = _sender(backend, dtype, seed=5)
+    src, dst = [2, 11, 8], [30, 0, 12]
+    try:
+        received = _send(peer, sender, SLOT[torch.int8], src, dst)
+        saved = sender.stats().bytes_saved_int8
+    finally:
+        sender.close()
+    assert torch.equal(peer.blocks(SLOT[torch.int8], dst), quantize_rows(pool[src]))
+    assert received.bytes_moved == len(src) * _layout(torch.int8).block_bytes
+    assert saved == len(src) * _layout(dtype).block_bytes - received.bytes_moved > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_int8_pool_blocks_reach_a_float_pool_dequantized(
+    receiver_peer: tuple[str, Peer], dtype: torch.dtype
+) -> None:
+    backend, peer = receiver_peer
+    sender, pool = _sender(backend, torch.int8, seed=6)
+    src, dst = [4, 5], [9, 27]
+    try:
+        _send(peer, sender, SLOT[dtype], src, dst)
+    finally:
+        sender.close()
+    assert torch.equal(peer.blocks(SLOT[dtype], dst), dequantize_rows(pool[src], dtype))
 
 
 def _int8_steps(blocks: torch.Tensor) -> torch.Tensor:

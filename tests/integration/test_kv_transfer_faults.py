@@ -163,7 +163,8 @@ def _inject(backend: str, receiver: object, header: TransferHeader, handle: Tran
         return _inject_nixl(receiver, header.encode(), handle)
     assert isinstance(receiver, InprocReceiver)
     with pytest.raises(ValueError) as info:
-        receiver.accept(header, make_pool(LAYOUT, SEED), tuple(SRC[: header.num_blocks]))
+        blocks = make_pool(LAYOUT, SEED).index_select(0, torch.tensor(SRC[: header.num_blocks]))
+        receiver.accept(header, blocks)
     return str(info.value)
 
 

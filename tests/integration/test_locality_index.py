@@ -21,8 +21,10 @@ from pdserve.cluster.locality_index import ApplyStatus, LocalityIndex
 from pdserve.cluster.redis_server import RedisServer, RedisServerConfig, connect, free_loopback_port
 from pdserve.cluster.registry import HeartbeatStatus, WorkerRegistry
 from pdserve.cluster.router_wiring import RedisLocality
+from pdserve.engine.kv_cache.tiers import KVTier
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo, WorkerLoad, WorkerRole
+from pdserve.router.policies import PrefixHit
 from pdserve.router.state.batched_lookups import BatchedLookups
 from tests.loop_ticks import LoopTicks
 
@@ -35,6 +37,11 @@ def _info(worker_id: str, epoch: int) -> WorkerInfo:
     return WorkerInfo(worker_id, WorkerRole.PREFILL, "127.0.0.1:1", "m", 64, 16, epoch)
 
 
+def counts(answer: dict[str, PrefixHit]) -> dict[str, int]:
+    """A lookup's answer as leading blocks per worker (tiers aside)."""
+    return {w: hit.blocks for w, hit in answer.items()}
+
+
 def _leading(prompt: list[int], held: set[int]) -> int:
     count = 0
     while count < len(prompt) and prompt[count] in held:
@@ -42,12 +49,17 @@ def _leading(prompt: list[int], held: set[int]) -> int:
     return count
 
 
+def _leading_hit(prompt: list[int], held: dict[int, KVTier]) -> PrefixHit:
+    tiers = [held[h] for h in prompt[: _leading(prompt, set(held))]]
+    return PrefixHit(len(tiers), tiers.count(KVTier.HOST), tiers.count(KVTier.DISK))
+
+
 @dataclass
 class _ModelState:
     epoch: int
     seq: int = 0
     awaiting: bool = False
-    blocks: set[int] = field(default_factory=set)
+    blocks: dict[int, KVTier] = field(default_factory=dict)
 
 
 class ModelIndex:
@@ -69,7 +81,9 @@ class ModelIndex:
         if isinstance(ev, KvSnapshot):
             if ev.seq <= st.seq:
                 return ApplyStatus.DUPLICATE
-            st.blocks, st.seq, st.awaiting = {int(h) for h in ev.block_hashes}, ev.seq, False
+            tiers = ev.tiers or (KVTier.POOL,) * len(ev.block_hashes)
+            st.blocks = {int(h): t for h, t in zip(ev.block_hashes, tiers, strict=True)}
+            st.seq, st.awaiting = ev.seq, False
             return ApplyStatus.APPLIED
         if st.awaiting:
             return ApplyStatus.AWAITING_SNAPSHOT
@@ -82,17 +96,18 @@ class ModelIndex:
         if isinstance(ev, KvCleared):
             st.blocks.clear()
         elif isinstance(ev, KvStored):
-            st.blocks |= {int(h) for h in ev.block_hashes}
+            st.blocks |= dict.fromkeys(map(int, ev.block_hashes), ev.tier)
         else:
-            st.blocks -= {int(h) for h in ev.block_hashes}
+            for h in ev.block_hashes:
+                st.blocks.pop(int(h), None)
         return ApplyStatus.APPLIED
 
-    def longest_prefix(self, prompt: list[int], ids: list[str]) -> dict[str, int]:
+    def longest_prefix(self, prompt: list[int], ids: list[str]) -> dict[str, PrefixHit]:
         out = {}
         for w in ids:
             st = self.state.get(w)
             ok = st is not None and not st.awaiting and self.registered.get(w) == st.epoch
-            out[w] = _leading(prompt, st.blocks) if ok and st is not None else 0
+            out[w] = _leading_hit(prompt, st.blocks) if ok and st is not None else PrefixHit()
         return out
 
 
@@ -101,21 +116,27 @@ class _Worker:
 
     def __init__(self, worker_id: str, registry: WorkerRegistry) -> None:
         self.worker_id, self.registry = worker_id, registry
-        self.held: set[int] = set()
+        self.held: dict[int, KVTier] = {}
         self.start()
 
     def start(self) -> None:
-        self.held = set()
+        self.held = {}
         self.seq = KvEventSequencer(self.worker_id, self.registry.allocate_epoch())
         assert self.registry.register(_info(self.worker_id, self.seq.epoch))
 
     def snapshot(self) -> KvSnapshot:
-        return self.seq.snapshot(sorted(self.held))
+        hashes = sorted(self.held)
+        return self.seq.snapshot(hashes, [self.held[h] for h in hashes])
 
 
 # 'restart' delivers what is pending first; 'crash' restarts with events still in flight
-# (they arrive after the new incarnation registered, so they are stale).
-OPS = ("store", "store", "remove", "clear", "lose", "dup", "restart", "crash", "snapshot", "flush")
+# (they arrive after the new incarnation registered, so they are stale). 'to_host' and
+# 'to_disk' store blocks below the pool (new ones, or ones that move there).
+OPS = (
+    "store", "store", "to_host", "to_disk", "remove", "clear", "lose", "dup", "restart",
+    "crash", "snapshot", "flush",
+)  # fmt: skip
+_TIERS = {"store": KVTier.POOL, "lose": KVTier.POOL, "to_host": KVTier.HOST, "to_disk": KVTier.DISK}
 ops = st.tuples(
     st.sampled_from(OPS), st.sampled_from(WORKERS), st.frozensets(st.sampled_from(UNIVERSE))
 )
@@ -123,16 +144,17 @@ ops = st.tuples(
 
 def _step(op: str, worker: _Worker, hashes: frozenset[int]) -> KvEvent | None:
     """Change the worker's true cache for ``op``; return the event it publishes, if any."""
-    if op in ("store", "lose"):
-        worker.held |= hashes
-        event: KvEvent = worker.seq.stored(sorted(hashes))
+    if op in _TIERS:
+        worker.held |= dict.fromkeys(hashes, _TIERS[op])
+        event: KvEvent = worker.seq.stored(sorted(hashes), _TIERS[op])
         # 'lose': numbered and applied to the cache, but the event never reaches the index.
-        return event if op == "store" else None
+        return event if op != "lose" else None
     if op == "remove":
-        worker.held -= hashes
+        for h in hashes:
+            worker.held.pop(h, None)
         return worker.seq.removed(sorted(hashes))
     if op == "clear":
-        worker.held = set()
+        worker.held = {}
         return worker.seq.cleared()
     assert op == "snapshot", f"unexpected op {op!r}"
     return worker.snapshot()
@@ -188,14 +210,15 @@ def test_matches_model_on_random_event_sequences(
     for prompt in prompts:
         assert index.longest_prefix(prompt, ids) == model.longest_prefix(prompt, ids)
     for w, state in model.state.items():  # reverse sets agree with the model
-        assert index.blocks_of(w) == state.blocks
-    for h in UNIVERSE:  # forward sets agree with the model
-        assert index.holders(h) == {w for w, s in model.state.items() if h in s.blocks}
+        assert index.blocks_of(w) == set(state.blocks)
+    for h in UNIVERSE:  # forward entries (holders and their tiers) agree with the model
+        expected = {w: s.blocks[h] for w, s in model.state.items() if h in s.blocks}
+        assert index.holders(h) == expected
 
     # Once every worker has published a snapshot, the index is the truth.
     index.apply([x.snapshot() for x in workers.values()])
     for prompt in prompts:
-        truth = {w: _leading(prompt, x.held) for w, x in workers.items()}
+        truth = {w: _leading_hit(prompt, x.held) for w, x in workers.items()}
         assert index.longest_prefix(prompt, ids) == truth
 
 
@@ -215,16 +238,16 @@ def test_new_epoch_drops_stale_entries(
     worker = _Worker("w0", registry)
     old_seq = worker.seq
     assert index.apply([old_seq.stored([1, 2, 3])]).statuses == (ApplyStatus.APPLIED,)
-    assert index.longest_prefix([1, 2, 3, 4], ["w0"]) == {"w0": 3}
+    assert counts(index.longest_prefix([1, 2, 3, 4], ["w0"])) == {"w0": 3}
 
     worker.start()  # the process restarted: new epoch, empty cache
     # Not current any more, even before the new incarnation has published anything.
-    assert index.longest_prefix([1, 2, 3, 4], ["w0"]) == {"w0": 0}
+    assert counts(index.longest_prefix([1, 2, 3, 4], ["w0"])) == {"w0": 0}
     result = index.apply([worker.seq.stored([1]), old_seq.stored([2, 3])])
     assert result.statuses == (ApplyStatus.APPLIED, ApplyStatus.STALE_EPOCH)
     assert index.blocks_of("w0") == {1}
     assert not redis_client.exists(keys.block_bits(2)), "an empty bitmap is deleted"
-    assert index.longest_prefix([1, 2, 3, 4], ["w0"]) == {"w0": 1}
+    assert counts(index.longest_prefix([1, 2, 3, 4], ["w0"])) == {"w0": 1}
 
 
 def test_unique_blocks_counts_what_only_that_worker_holds(
@@ -253,7 +276,9 @@ def test_seq_gap_requests_snapshot_and_ignores_deltas(
     result = index.apply([seq.stored([4]), seq.removed([1])])
     assert result.statuses == (ApplyStatus.GAP, ApplyStatus.AWAITING_SNAPSHOT)
     assert result.snapshot_requests == {"w0"}
-    assert index.longest_prefix([1, 2], ["w0"]) == {"w0": 0}, "entries are stale until snapshot"
+    assert counts(index.longest_prefix([1, 2], ["w0"])) == {"w0": 0}, (
+        "entries are stale until snapshot"
+    )
     assert index.blocks_of("w0") == {1, 2}, "delta ignored"
     reply = registry.heartbeat("w0", seq.epoch, WorkerLoad())
     assert reply.status == HeartbeatStatus.OK and reply.snapshot_wanted
@@ -262,7 +287,7 @@ def test_seq_gap_requests_snapshot_and_ignores_deltas(
     assert result.statuses == (ApplyStatus.APPLIED, ApplyStatus.APPLIED)
     assert result.snapshot_requests == frozenset()
     assert not registry.heartbeat("w0", seq.epoch, WorkerLoad()).snapshot_wanted
-    assert index.longest_prefix([2, 3, 4, 5, 1], ["w0"]) == {"w0": 4}
+    assert counts(index.longest_prefix([2, 3, 4, 5, 1], ["w0"])) == {"w0": 4}
 
 
 def test_lease_expiry_drops_entries(redis_client: redis.Redis, keys: RedisKeys) -> None:
@@ -273,7 +298,7 @@ def test_lease_expiry_drops_entries(redis_client: redis.Redis, keys: RedisKeys) 
     for _ in range(3):
         time.sleep(0.5)
         registry.heartbeat("living", living.seq.epoch, WorkerLoad())
-    assert index.longest_prefix([1, 2], ["dying", "living"]) == {"dying": 0, "living": 1}
+    assert counts(index.longest_prefix([1, 2], ["dying", "living"])) == {"dying": 0, "living": 1}
     assert index.sweep() == ["dying"]
     assert index.blocks_of("dying") == set()
     assert index.sweep() == []
@@ -281,10 +306,10 @@ def test_lease_expiry_drops_entries(redis_client: redis.Redis, keys: RedisKeys) 
     reply = registry.heartbeat("dying", dying.seq.epoch, WorkerLoad())
     assert reply.status == HeartbeatStatus.LEASE_LOST
     assert registry.register(_info("dying", dying.seq.epoch))
-    dying.held = {1, 2}
+    dying.held = {1: KVTier.POOL, 2: KVTier.POOL}
     assert index.apply([dying.seq.stored([3])]).statuses == (ApplyStatus.GAP,)
     assert index.apply([dying.snapshot()]).statuses == (ApplyStatus.APPLIED,)
-    assert index.longest_prefix([1, 2], ["dying", "living"]) == {"dying": 2, "living": 1}
+    assert counts(index.longest_prefix([1, 2], ["dying", "living"])) == {"dying": 2, "living": 1}
 
 
 @pytest.mark.parametrize("num_workers", [16, 40])  # 40: bitmap slots span two 32-bit words
@@ -297,14 +322,22 @@ def test_lookup_256_blocks_one_round_trip(
     rng = random.Random(7)
     prompt = [rng.getrandbits(64) for _ in range(PROMPT_BLOCKS)]
     workers = [_Worker(f"w{i:02d}", registry) for i in range(num_workers)]
-    held: dict[str, set[int]] = {}
     for i, worker in enumerate(workers):  # a random prefix, plus later blocks past a hole
         n = PROMPT_BLOCKS if i == 0 else rng.randrange(0, PROMPT_BLOCKS + 1)
-        held[worker.worker_id] = set(prompt[:n]) | set(rng.sample(prompt, 20))
-        index.apply([worker.seq.stored(sorted(held[worker.worker_id]))])
+        held = set(prompt[:n]) | set(rng.sample(prompt, 20))
+        worker.held = dict.fromkeys(held, KVTier.POOL)
+        events = [worker.seq.stored(sorted(held))]
+        if i % 3:  # two workers in three moved some of their blocks below the pool
+            for tier in (KVTier.HOST, KVTier.DISK):
+                moved = rng.sample(sorted(held), len(held) // 4)
+                worker.held |= dict.fromkeys(moved, tier)
+                events.append(worker.seq.stored(moved, tier))
+        index.apply(events)
     ids = [w.worker_id for w in workers] + ["unknown"]
-    expected = {w: _leading(prompt, held.get(w, set())) for w in ids}
-    assert len(set(expected.values())) > 5, "the workload should give varied answers"
+    expected = {w.worker_id: _leading_hit(prompt, w.held) for w in workers}
+    expected["unknown"] = PrefixHit()
+    assert len({h.blocks for h in expected.values()}) > 5, "the workload should vary"
+    assert sum(h.disk_blocks > 0 for h in expected.values()) > 3, "and hold tiers"
 
     before_server = _evalsha_calls(client)  # INFO is a request too: read it outside the count
     before_client = sent()
@@ -327,7 +360,7 @@ def test_many_lookups_share_one_round_trip(
         index.apply([_Worker(worker_id, registry).seq.stored(held)])
     queries = [([1, 2, 3, 4], ["w0", "w1"]), ([9], ["w1"]), ([], ["w0"]), ([1, 9], ["w1", "w0"])]
     before = sent()
-    answers = index.longest_prefix_many(queries)
+    answers = [counts(a) for a in index.longest_prefix_many(queries)]
     assert sent() - before == 1, "one pipeline, one request"
     assert answers == [
         {"w0": 3, "w1": 1},
@@ -335,7 +368,7 @@ def test_many_lookups_share_one_round_trip(
         {"w0": 0},
         {"w1": 2, "w0": 1},
     ]
-    assert answers == [index.longest_prefix(h, w) for h, w in queries]
+    assert answers == [counts(index.longest_prefix(h, w)) for h, w in queries]
 
 
 def test_a_hung_redis_costs_a_lookup_its_timeout_not_the_event_loop() -> None:
@@ -350,7 +383,7 @@ def test_a_hung_redis_costs_a_lookup_its_timeout_not_the_event_loop() -> None:
         index.apply([_Worker("w0", registry).seq.stored([1, 2])])
         lookups = BatchedLookups(RedisLocality(index), timeout_s=0.2)
 
-        async def scenario() -> tuple[dict[str, int], dict[str, int], float, int]:
+        async def scenario() -> tuple[dict[str, PrefixHit], dict[str, PrefixHit], float, int]:
             healthy = await lookups.longest_prefix([1, 2], ["w0"])
             assert server.pid is not None
             os.kill(server.pid, signal.SIGSTOP)
@@ -362,7 +395,7 @@ def test_a_hung_redis_costs_a_lookup_its_timeout_not_the_event_loop() -> None:
             return healthy, hung, waited_s, ticks.count
 
         healthy, hung, waited_s, ticks = asyncio.run(scenario())
-        assert healthy == {"w0": 2} and hung == {}
+        assert counts(healthy) == {"w0": 2} and hung == {}
         assert waited_s < 1.0, f"the lookup waited {waited_s:.2f} s, past its 0.2 s timeout"
         assert ticks >= 10, "the event loop stalled while Redis hung"
         client.close()
@@ -376,9 +409,9 @@ def test_bytes_hashes_and_bad_input(registry: WorkerRegistry, index: LocalityInd
     worker = _Worker("w0", registry)
     blocks = [bytes([i]) * 8 for i in range(4)]
     index.apply([worker.seq.stored(blocks[:3])])
-    assert index.longest_prefix(blocks, ["w0", "w0"]) == {"w0": 3}
-    assert index.longest_prefix([], ["w0"]) == {"w0": 0}
-    assert index.longest_prefix(blocks, []) == {}
+    assert counts(index.longest_prefix(blocks, ["w0", "w0"])) == {"w0": 3}
+    assert counts(index.longest_prefix([], ["w0"])) == {"w0": 0}
+    assert counts(index.longest_prefix(blocks, [])) == {}
     for bad in (-1, 1 << 64, b"", b"1234567", "abcdefgh", 1.0):
         with pytest.raises(ValueError):
             index.longest_prefix([bad], ["w0"])  # type: ignore[list-item]
@@ -396,23 +429,23 @@ def test_redis_restart_is_detected_and_rebuilt_from_snapshots() -> None:
         registry, index = WorkerRegistry(client, keys, lease_s=30), LocalityIndex(client, keys)
         workers = [_Worker(f"w{i}", registry) for i in range(3)]
         for i, worker in enumerate(workers):
-            worker.held = set(range(i + 2))
+            worker.held = dict.fromkeys(range(i + 2), KVTier.POOL)
             index.apply([worker.seq.stored(sorted(worker.held))])
         prompt, ids = list(range(6)), [w.worker_id for w in workers]
-        before = index.longest_prefix(prompt, ids)
+        before = counts(index.longest_prefix(prompt, ids))
         assert before == {"w0": 2, "w1": 3, "w2": 4}
 
         server.stop()
         server.start()  # same port, empty (no persistence); the client reconnects
         assert index.check_restart()
         assert not index.check_restart(), "reported once"
-        assert index.longest_prefix(prompt, ids) == dict.fromkeys(ids, 0)
+        assert counts(index.longest_prefix(prompt, ids)) == dict.fromkeys(ids, 0)
         for worker in workers:  # each worker's heartbeat tells it to re-register + snapshot
             reply = registry.heartbeat(worker.worker_id, worker.seq.epoch, WorkerLoad())
             assert reply.status == HeartbeatStatus.LEASE_LOST
             assert registry.register(_info(worker.worker_id, worker.seq.epoch))
             assert index.apply([worker.snapshot()]).statuses == (ApplyStatus.APPLIED,)
-        assert index.longest_prefix(prompt, ids) == before
+        assert counts(index.longest_prefix(prompt, ids)) == before
         client.close()
     finally:
         server.stop()
@@ -425,5 +458,5 @@ def test_index_works_with_auth() -> None:
         worker = _Worker("w0", WorkerRegistry(client, keys))
         index = LocalityIndex(client, keys)
         index.apply([worker.seq.stored([5, 6])])
-        assert index.longest_prefix([5, 6, 7], ["w0"]) == {"w0": 2}
+        assert counts(index.longest_prefix([5, 6, 7], ["w0"])) == {"w0": 2}
         client.close()

@@ -34,7 +34,8 @@ def stats(worker_id: str, generated_tokens: int = 0) -> worker_pb2.WorkerStats:
         worker_id=worker_id, role="prefill", waiting=3, running=2, free_blocks=48,
         cached_blocks=7, total_blocks=64, prefix_hit_tokens=160, prompt_tokens=400,
         generated_tokens=generated_tokens, transfer_bytes=1 << 20, transfers_ok=9,
-        transfers_failed=1, recompute_fallbacks=2, epoch=17,
+        transfers_failed=1, recompute_fallbacks=2, epoch=17, peer_fetches=5,
+        peer_fetched_blocks=60, peer_fetched_bytes=60 * 368_640, peer_served_blocks=12,
     )  # fmt: skip
 
 
@@ -57,6 +58,13 @@ def test_each_scrape_reads_the_stats_function_now() -> None:
         assert first[("pdserve_worker_prefix_hit_tokens_total", labels)] == 160
         assert first[("pdserve_worker_kv_transfer_bytes_total", labels)] == 1 << 20
         assert first[("pdserve_worker_recompute_fallbacks_total", labels)] == 2
+        for outcome, count in (("fetched", 5), ("recomputed", 2)):
+            key = tuple(sorted((*labels, ("outcome", outcome))))
+            assert first[("pdserve_worker_kv_peer_prefixes_total", key)] == count
+        for direction, count in (("fetched", 60), ("served", 12)):
+            key = tuple(sorted((*labels, ("direction", direction))))
+            assert first[("pdserve_worker_kv_peer_blocks_total", key)] == count
+        assert first[("pdserve_worker_kv_peer_fetched_bytes_total", labels)] == 60 * 368_640
         failed = tuple(sorted((*labels, ("result", "failed"))))
         assert first[("pdserve_worker_kv_transfers_total", failed)] == 1
         assert first[("pdserve_worker_epoch", ())] == 17

@@ -6,6 +6,7 @@ or only exports its decision as metrics."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -55,7 +56,9 @@ def cluster(redis_server: RedisServer, redis_client: redis.Redis, keys: RedisKey
     return keys
 
 
-def _planner(redis_url: str, keys: RedisKeys, *args: str) -> subprocess.Popen[bytes]:
+def _planner(
+    redis_url: str, keys: RedisKeys, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     command = [
         sys.executable,
         "-m",
@@ -71,7 +74,9 @@ def _planner(redis_url: str, keys: RedisKeys, *args: str) -> subprocess.Popen[by
         "5",
         *args,
     ]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+    )
 
 
 @pytest.fixture()
@@ -110,12 +115,73 @@ def test_planner_scales_the_decode_deployment_through_kubernetes(
                          for d in (PREFILL, DECODE)}  # fmt: skip
 
 
-def test_planner_exports_its_decision_for_hpa_or_keda(
-    redis_server: RedisServer, cluster: RedisKeys, stop_after: list[subprocess.Popen[bytes]]
+def test_planner_scale_in_drains_and_removes_the_pods_it_chose(
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    keys: RedisKeys,
+    stop_after: list[subprocess.Popen[bytes]],
 ) -> None:
+    # Three decode workers, each the pod of its name; 0.5 requests/s fit one. The planner
+    # removes one at a time, the idlest first (no cached blocks anywhere): decode-b (idle,
+    # drained at once), then decode-c (1 request that never finishes: the drain times out).
+    registry = WorkerRegistry(redis_client, keys, lease_s=60)
+    busy = {"pd-prefill-a": 0, "pd-decode-a": 3, "pd-decode-b": 0, "pd-decode-c": 1}
+    for worker_id, running in busy.items():
+        role = WorkerRole.PREFILL if "prefill" in worker_id else WorkerRole.DECODE
+        info = WorkerInfo(worker_id, role, "127.0.0.1:1", "m", 64, 16, registry.allocate_epoch())
+        assert registry.register(info)
+        registry.heartbeat(worker_id, info.epoch, WorkerLoad(running=running, free_blocks=32))
+    document = {"model": "m", "dtype": "float32", "profile": PROFILE.to_dict()}
+    redis_client.set(keys.capacity_profile, json.dumps(document))
+    slo = SloConfig(redis_prefix=keys.prefix, windows_s=(10.0,), publish_interval_s=60.0)
+    samples = [RequestSample(2.0 * t, 0.05, PROFILE.itl_s_at(1), False, 100, 100)
+               for t in range(1, 6)]  # fmt: skip
+    assert GoodputStore(redis_client, slo, "router-0").publish(
+        [goodput_figures(samples, slo, 10.0, 10.0)]
+    )
+    with FakeKubeApi() as api:
+        api.add_deployment(NS, PREFILL, 1)
+        api.add_deployment(NS, DECODE, 3)
+        for worker_id in busy:
+            api.add_pod(NS, worker_id, {"app": PREFILL if "prefill" in worker_id else DECODE})
+        api.add_pod(NS, "unrelated", {"app": "other"})
+        proc = _planner(redis_server.url, keys, "--apply", "kubernetes", "--namespace", NS,
+                        "--prefill-deployment", PREFILL, "--decode-deployment", DECODE,
+                        "--kubernetes-host", api.url, "--metrics-port", "-1",
+                        "--scale-down-after-s", "0", "--scale-down-cooldown-s", "0",
+                        env={"PDSERVE_DRAIN_TIMEOUT_S": "1"})  # fmt: skip
+        stop_after.append(proc)
+        _wait(lambda: api.replicas(NS, DECODE) == 1, 90, proc)
+        assert api.deleted_pods == [(NS, "pd-decode-b"), (NS, "pd-decode-c")]
+        assert api.pod_names(NS) == ["pd-decode-a", "pd-prefill-a", "unrelated"]
+        assert api.replicas(NS, PREFILL) == 1
+        # Each pod was marked after its worker left the routers' list, before its scale-in.
+        marks = [(r.path.rsplit("/", 1)[1], r.body["metadata"]["annotations"])
+                 for r in api.requests if r.method == "PATCH"]  # fmt: skip
+        cost = "controller.kubernetes.io/pod-deletion-cost"
+        assert marks == [("pd-decode-b", {cost: "-1"}), ("pd-decode-c", {cost: "-1"})]
+        writes = [r.path.rsplit("/", 1)[1] if r.method == "PATCH" else r.body["spec"]["replicas"]
+                  for r in api.requests if r.method in ("PATCH", "PUT")]  # fmt: skip
+        assert writes == ["pd-decode-b", 2, "pd-decode-c", 1]
+        assert all(r.query.get("labelSelector") == f"app={DECODE}"
+                   for r in api.requests if r.path.endswith("/pods"))  # fmt: skip
+    assert [w.worker_id for w in registry.list_workers()] == ["pd-decode-a", "pd-prefill-a"]
+
+
+@pytest.mark.parametrize(("utilization", "decode"), [(None, 3), ("1.0", 2)])
+def test_planner_exports_its_decision_for_hpa_or_keda(
+    redis_server: RedisServer,
+    cluster: RedisKeys,
+    stop_after: list[subprocess.Popen[bytes]],
+    utilization: str | None,
+    decode: int,
+) -> None:
+    # 400 output tokens/s at 200 per replica: 3 replicas at the default target utilization
+    # 0.8, 2 at 1.0.
     port = free_loopback_port()
+    operating_point = ("--target-utilization", utilization) if utilization else ()
     proc = _planner(redis_server.url, cluster, "--apply", "metrics", "--host", "127.0.0.1",
-                    "--metrics-port", str(port))  # fmt: skip
+                    "--metrics-port", str(port), *operating_point)  # fmt: skip
     stop_after.append(proc)
 
     def desired_decode() -> bool:
@@ -123,7 +189,7 @@ def test_planner_exports_its_decision_for_hpa_or_keda(
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1.0).text
         except httpx.HTTPError:
             return False
-        return 'pdserve_planner_desired_replicas{pool="decode"} 3.0' in text
+        return f'pdserve_planner_desired_replicas{{pool="decode"}} {decode}.0' in text
 
     _wait(desired_decode, 60, proc)
 

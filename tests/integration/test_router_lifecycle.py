@@ -14,6 +14,7 @@ import pytest
 from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
 from pdserve.proto.workers import WorkerLoad
 from pdserve.router.config import RouterConfig
+from pdserve.router.policies import CostModel
 from pdserve.router.request.types import InMemoryTimingSink
 from pdserve.router.state.locality import InProcessLocalityIndex, engine_prompt_hasher
 from tests.integration.stub_worker import FakeCharTokenizer, StubCluster, start_stub_cluster
@@ -192,6 +193,33 @@ def test_concurrency_limit_is_429_with_retry_after() -> None:
         cluster.stop()
 
 
+def test_a_request_that_would_queue_far_past_its_ttft_is_shed_with_429() -> None:
+    """Prefill costs 0.5 s a token here. A long prompt alone is served (its own prefill is not
+    queueing); with 10 prompt tokens queued on the only worker (this router's own count of
+    what it sent there), the next request would wait 5 s, past 3 x the 1 s TTFT objective:
+    refused before any worker is called, with a retry hint of the excess."""
+    slow = CostModel(prefill_s_per_token=0.5)
+    for factor, refused in ((3.0, True), (0.0, False)):
+        config = RouterConfig(cost=slow, shed_ttft_factor=factor, adaptive_concurrency=False)
+        cluster = start_stub_cluster({"w0": "colocated"}, config)
+        try:
+            assert generate(cluster, text="x" * 30)[-1].chunk.finish_reason == "length"
+            cluster.lifecycle.tracker.start_prefill("w0", prompt_tokens=10)
+            url = f"{cluster.http_url}/v1/completions"
+            answer = httpx.post(url, json={"model": "fake-model", "prompt": "hi"})
+            if not refused:
+                assert answer.status_code == 200, answer.text
+                continue
+            assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 2
+            assert "5.0 s of work queued, past the 3.0 s" in answer.json()["error"]["message"]
+            with pytest.raises(grpc.RpcError) as caught:
+                generate(cluster, text="hi")
+            assert caught.value.code() is S.RESOURCE_EXHAUSTED
+            assert len(methods(cluster, "w0")) == 1, "refused before any worker was called"
+        finally:
+            cluster.stop()
+
+
 def test_prefix_aware_routing_follows_the_locality_index() -> None:
     index = InProcessLocalityIndex()
     hasher = engine_prompt_hasher("fake-model", block_size=16)
@@ -209,6 +237,31 @@ def test_prefix_aware_routing_follows_the_locality_index() -> None:
             assert last.usage.cached_prompt_tokens == 32
         other = generate(cluster, token_ids=inference_pb2.TokenIds(ids=[1, *range(200, 240)]))
         assert other[-1].usage.cached_prompt_tokens == 0
+    finally:
+        cluster.stop()
+
+
+def test_an_idle_worker_is_sent_to_fetch_the_prefix_of_a_busy_holder() -> None:
+    """The joint policy's peer fetch reaches the prefill worker as ``peer_prefix``: the
+    holder (its id and address) and the blocks to pull."""
+    index = InProcessLocalityIndex()
+    hasher = engine_prompt_hasher("fake-model", block_size=16)
+    config = RouterConfig(cost=CostModel(step_tokens=16))  # p0 pins between short steps
+    roles = {"p0": "prefill", "p1": "prefill", "d0": "decode"}
+    cluster = start_stub_cluster(roles, config, locality=index, hasher=hasher)
+    try:
+        prompt = [1, *range(100, 340)]  # 241 tokens: 15 full blocks
+        index.stored("p0", hasher(prompt))
+        idle = generate(cluster, token_ids=inference_pb2.TokenIds(ids=prompt))[-1]
+        assert idle.prefill_worker == "p0" and not cluster.workers["p0"].record.peer_prefixes
+        # With 2,000 prompt tokens queued on p0, p1 fetches the prefix from it instead.
+        cluster.lifecycle.tracker.start_prefill("p0", 2000)
+        busy = generate(cluster, token_ids=inference_pb2.TokenIds(ids=[*prompt[:-1], 7]))[-1]
+        assert busy.prefill_worker == "p1"
+        [(request_id, peer)] = cluster.workers["p1"].record.peer_prefixes.items()
+        addresses = {w.worker_id: w.address for w in cluster.lifecycle.directory.live_workers()}
+        assert (peer.worker_id, peer.address, peer.num_blocks) == ("p0", addresses["p0"], 15)
+        assert request_id == cluster.workers["p1"].record.calls[0][1]
     finally:
         cluster.stop()
 

@@ -131,9 +131,9 @@ def test_block_copies_copy_whole_blocks_before_the_forward(smollm2_model: Any) -
 
 def test_kv_cache_sizing_and_shape_check(smollm2_model: Any) -> None:
     config = smollm2_model.config
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, row in ((torch.float32, 64), (torch.bfloat16, 64), (torch.int8, 64 + 2)):
         cache = allocate_kv_cache(config, 4, BLOCK_SIZE, dtype)
-        assert cache.shape == (4, 30, 2, BLOCK_SIZE, 3, 64)
+        assert cache.shape == (4, 30, 2, BLOCK_SIZE, 3, row)
         one_block = cache[0]
         assert one_block.is_contiguous(), "a block must be one contiguous byte range"
         assert bytes_per_block(config, BLOCK_SIZE, dtype) == one_block.numel() * dtype.itemsize

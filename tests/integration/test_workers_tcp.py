@@ -1,5 +1,7 @@
 """Prefill worker -> decode worker with the TCP KV backend (the fallback where NIXL is
-missing): greedy outputs equal the offline engine and transformers, prefix hits included."""
+missing): greedy outputs equal the offline engine and transformers, prefix hits included.
+The workers hold a cluster secret, as `pdserve up` runs them: mutual TLS on gRPC, and the KV
+connection handshake before every transfer."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 from pdserve.engine.sampling_params import SamplingParams
+from pdserve.worker.cluster_secret import ClusterSecret
 from tests.integration.worker_procs import (
     WorkerProc,
     greedy,
@@ -36,9 +39,10 @@ PROMPTS = (
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, WorkerProc]]:
     tmp: Path = tmp_path_factory.mktemp("workers_tcp")
+    secret = ClusterSecret.generate()
     launched = [
-        launch_worker("prefill-tcp", "prefill", tmp, *ARGS),
-        launch_worker("decode-tcp", "decode", tmp, *ARGS),
+        launch_worker("prefill-tcp", "prefill", tmp, *ARGS, secret=secret),
+        launch_worker("decode-tcp", "decode", tmp, *ARGS, secret=secret),
     ]
     with running(launched) as started:
         yield {w.role: w for w in started}

@@ -1,7 +1,9 @@
 """Real worker processes for integration tests: start on free loopback ports, stop cleanly.
 
 Each worker is ``python -m pdserve.worker.server`` with ``--port 0``; it writes a ready file
-(with the port it bound) once its model is loaded and warm. Children get PR_SET_PDEATHSIG,
+(with the port it bound) once its model is loaded and warm. Given a cluster secret, a worker
+serves mutual TLS and authenticated KV, and the test talks to it with the secret's
+certificate. Children get PR_SET_PDEATHSIG,
 so a test run that dies never leaves workers behind; ``stop`` sends SIGTERM, then SIGKILL.
 Also: a client-side driver of the disaggregated path (ReserveKV -> Prefill -> Decode).
 """
@@ -26,6 +28,8 @@ import grpc
 
 from pdserve.bench.up_process import terminate
 from pdserve.proto import common_pb2, worker_pb2, worker_pb2_grpc
+from pdserve.worker.cluster_secret import ClusterSecret, write_secret_file
+from pdserve.worker.mutual_tls import client_tls
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600.0
@@ -48,6 +52,7 @@ class WorkerProc:
     ready_file: Path
     log_path: Path
     info: dict[str, Any] = field(default_factory=dict)
+    secret: ClusterSecret | None = None
     _channel: grpc.Channel | None = None
 
     @property
@@ -56,8 +61,12 @@ class WorkerProc:
 
     @property
     def stub(self) -> worker_pb2_grpc.WorkerStub:
-        if self._channel is None:
+        if self._channel is None and self.secret is None:
             self._channel = grpc.insecure_channel(self.address)
+        elif self._channel is None:
+            tls = client_tls(self.secret)
+            options = list(tls.options)
+            self._channel = grpc.secure_channel(self.address, tls.credentials, options=options)
         return worker_pb2_grpc.WorkerStub(self._channel)
 
     def wait_ready(self, deadline_s: float) -> None:
@@ -93,12 +102,19 @@ class WorkerProc:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def launch_worker(name: str, role: str, tmp_dir: Path, *extra: str) -> WorkerProc:
-    """Start a worker without waiting for it (its model loads in the background)."""
+def launch_worker(
+    name: str, role: str, tmp_dir: Path, *extra: str, secret: ClusterSecret | None = None
+) -> WorkerProc:
+    """Start a worker without waiting for it (its model loads in the background); with
+    ``secret`` (written to a 0600 file for it), as a member of that cluster."""
     ready = tmp_dir / f"{name}.ready.json"
     log_path = tmp_dir / f"{name}.log"
     args = [sys.executable, "-m", "pdserve.worker.server", "--role", role, "--port", "0"]
     args += ["--worker-id", name, "--ready-file", str(ready), *extra]
+    if secret is not None:
+        secret_file = tmp_dir / f"{name}.secret"
+        write_secret_file(secret_file, secret)
+        args += ["--cluster-secret-file", str(secret_file)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
@@ -110,7 +126,7 @@ def launch_worker(name: str, role: str, tmp_dir: Path, *extra: str) -> WorkerPro
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,
         )
-    return WorkerProc(name, role, process, ready, log_path)
+    return WorkerProc(name, role, process, ready, log_path, secret=secret)
 
 
 @contextlib.contextmanager
@@ -149,9 +165,11 @@ def run_disaggregated(
     prompt: Sequence[int],
     params: common_pb2.SamplingParams,
     transfer_timeout_s: float = 30.0,
+    peer_prefix: worker_pb2.PeerPrefix | None = None,
 ) -> DisaggResult:
     """ReserveKV on ``decode``, Prefill on ``prefill`` (first token, then the report),
-    Decode on ``decode``; like the router, but sequential."""
+    Decode on ``decode``; like the router, but sequential. ``peer_prefix``: the prefill
+    worker fetches that prefix from another prefill worker first."""
     reserve = decode.stub.ReserveKV(
         worker_pb2.ReserveKVRequest(request_id=request_id, prompt_token_ids=prompt), timeout=30
     )
@@ -162,6 +180,7 @@ def run_disaggregated(
             prompt_token_ids=prompt,
             params=params,
             destination=reserve.destination,
+            peer_prefix=peer_prefix,
         ),
         timeout=120,
     )

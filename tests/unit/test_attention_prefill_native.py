@@ -10,6 +10,7 @@ import torch
 
 import pdserve.engine.attention.paged_prefill as paged_prefill
 from pdserve.engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
+from pdserve.kv_codec import ROW_SCALE_BYTES
 
 LAYERS = 3
 
@@ -106,7 +107,7 @@ def test_bf16_within_its_rounding_of_the_exact_result(
     # summed in fp32 and, as GPU flash attention does, the softmax weights are rounded to
     # bf16 for the weighted sum of V (sums in fp32): each weight is then off by at most
     # 2^-9 of itself, so the output by at most 2^-9 max|V|, plus its own rounding, once.
-    if not PagedPrefillKernel.handles(torch.zeros(1, 9, 64, dtype=torch.bfloat16)):
+    if not PagedPrefillKernel.handles(torch.bfloat16, _pool(64, torch.bfloat16)):
         pytest.skip("no AVX-512 BF16 here: bf16 chunks stay on torch's kernel")
     pool, table, q = make_case(start, n, heads=9, kv_heads=3, head_dim=64, block=16, seed=n)
     pool, q = pool.to(torch.bfloat16), q.to(torch.bfloat16)
@@ -131,9 +132,18 @@ def test_which_chunks_take_this_kernel(
     monkeypatch: pytest.MonkeyPatch, flags: frozenset[str], bf16_handled: bool, bf16_preferred: bool
 ) -> None:
     monkeypatch.setattr(paged_prefill, "cpu_flags", lambda: flags)
-    bf16 = torch.zeros(2, 9, 64, dtype=torch.bfloat16)
-    assert PagedPrefillKernel.handles(bf16) == bf16_handled
-    assert PagedPrefillKernel.preferred_for(bf16) == bf16_preferred
-    assert PagedPrefillKernel.preferred_for(torch.zeros(2, 9, 64)), "fp32 always"
-    assert not PagedPrefillKernel.handles(torch.zeros(2, 9, 60)), "head_dim not a multiple of 8"
-    assert not PagedPrefillKernel.handles(torch.zeros(2, 9, 64, dtype=torch.float16))
+    bf16 = torch.bfloat16
+    assert PagedPrefillKernel.handles(bf16, _pool(64, bf16)) == bf16_handled
+    assert PagedPrefillKernel.preferred_for(bf16, _pool(64, bf16)) == bf16_preferred
+    assert PagedPrefillKernel.preferred_for(torch.float32, _pool(64)), "fp32 always"
+    for dtype in (torch.float32, bf16):  # int8 pools: fp32 arithmetic, any CPU
+        assert PagedPrefillKernel.preferred_for(dtype, _pool(64, torch.int8)), f"{dtype}"
+    assert not PagedPrefillKernel.handles(torch.float32, _pool(60)), "head_dim not 8 * k"
+    assert not PagedPrefillKernel.handles(torch.float16, _pool(64, torch.float16))
+    assert not PagedPrefillKernel.handles(torch.float32, _pool(64, bf16)), "mixed fp32 / bf16"
+
+
+def _pool(head_dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An empty pool of ``dtype`` whose rows hold ``head_dim`` values (int8: and a scale)."""
+    row = head_dim + (ROW_SCALE_BYTES if dtype == torch.int8 else 0)
+    return torch.zeros(2, 1, 2, 16, 3, row, dtype=dtype)

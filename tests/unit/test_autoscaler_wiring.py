@@ -3,6 +3,8 @@ planner's workers, orders -> starting placeholders, decisions -> metrics and act
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from prometheus_client import generate_latest
 
@@ -151,6 +153,40 @@ def test_a_tick_scales_the_changed_pool_and_exports_the_decision() -> None:
     text = generate_latest(metrics.registry).decode()
     assert 'pdserve_planner_desired_replicas{pool="decode"} 3.0' in text
     assert 'pdserve_planner_changes_total{direction="up",pool="decode"} 1.0' in text
+
+
+class _RecordingActuator(MetricsOnlyActuator):
+    def __init__(self, initial: int) -> None:
+        super().__init__(initial)
+        self.calls: list[tuple[str, int, tuple[str, ...]]] = []
+
+    def scale(self, pool: str, replicas: int, remove: Sequence[str] = ()) -> None:
+        self.calls.append((pool, replicas, tuple(remove)))
+        super().scale(pool, replicas, remove)
+
+
+def test_a_scale_in_names_the_workers_to_remove() -> None:
+    # No load and no scale-down delays: the decode pool shrinks by one, and the actuator is
+    # told which worker goes: the one whose cache is least held elsewhere, then least busy.
+    limits = PoolLimits(1, 6)
+    config = PlannerConfig(prefill=limits, decode=limits, scale_down_sustain_s=0.0,
+                           scale_down_cooldown_s=0.0)  # fmt: skip
+    actuator = _RecordingActuator(initial=3)
+    members = {
+        "prefill": [PoolMember("p0", 0, MemberState.READY)],
+        "decode": [PoolMember(f"d{i}", i, MemberState.READY) for i in range(3)],
+    }
+    workers = [WorkerInfo(f"d{i}", WorkerRole.DECODE, f"h:{i}",
+                          load=WorkerLoad(running=n)) for i, n in enumerate((0, 2, 1))]  # fmt: skip
+    unique = {"d0": 9, "d1": 0, "d2": 0}
+    idle = RouterLoad(LoadSample(0.0, 0.0, 0.0), None)
+    planner = Planner(config, PROFILE)
+    autoscaler = Autoscaler(
+        planner, actuator, lambda now_s: cluster_observation(idle, members, workers, unique)
+    )
+    decision = autoscaler.tick(0.0)
+    assert (decision.decode.current_replicas, decision.decode.replicas) == (3, 2)
+    assert actuator.calls == [("decode", 2, ("d2",))]
 
 
 def _step(chunks: list[tuple[int, int]], step_s: float) -> StepRecord:

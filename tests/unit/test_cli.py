@@ -9,7 +9,7 @@ from pdserve.bench.cli import build_parser as bench_parser
 from pdserve.cluster.cli import build_parser, main
 from pdserve.cluster.cli_up import build_up_config
 from pdserve.cluster.settings import Settings
-from pdserve.engine.config import CacheConfig
+from pdserve.engine.config import CacheConfig, EngineConfig
 from pdserve.engine.kv_cache.tier_options import parse_size_bytes
 from pdserve.engine.speculative.config import SpeculativeConfig
 from pdserve.engine.speculative.options import (
@@ -63,6 +63,20 @@ def test_bad_generate_input_is_a_clear_error(capsys: pytest.CaptureFixture[str])
 def _up_args(*flags: str) -> argparse.Namespace:
     args, _extra = build_parser().parse_known_args(["up", *flags])
     return args
+
+
+def test_up_and_router_take_the_slo_and_its_admission_factor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = _up_args("--slo-ttft-ms", "500", "--slo-tpot-ms", "80", "--shed-ttft-factor", "2",
+                    "--adaptive-concurrency")  # fmt: skip
+    router = build_up_config(args, Settings.from_env()).router
+    assert (router.slo.ttft_ms, router.slo.tpot_ms, router.shed_ttft_factor) == (500, 80, 2)
+    assert router.adaptive_concurrency
+    plain = build_up_config(_up_args(), Settings.from_env()).router
+    assert (plain.shed_ttft_factor, plain.adaptive_concurrency) == (0.0, False)
+    assert main(["up", "--slo-ttft-ms", "0"]) == 2
+    assert "--slo-ttft-ms and --slo-tpot-ms must be > 0" in capsys.readouterr().err
 
 
 def test_up_gives_the_speculative_flags_to_decode_and_colocated_workers_only() -> None:
@@ -141,16 +155,19 @@ def test_tier_sizes_take_binary_units_or_plain_bytes() -> None:
 
 def test_worker_server_tier_flags_reach_the_cache_config() -> None:
     argv = ["--role", "decode", "--kv-host-tier-bytes", "2GiB", "--kv-disk-tier-path", "/kv",
-            "--kv-disk-tier-bytes", "512MiB"]  # fmt: skip
+            "--kv-disk-tier-bytes", "512MiB", "--kv-tier-codec", "int8"]  # fmt: skip
     _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
     assert (engine.cache.host_tier_bytes, engine.cache.disk_tier_path) == (2 * 1024**3, "/kv")
     assert engine.cache.disk_tier_bytes == 512 * 1024**2
+    assert engine.cache.tier_codec == "int8"
     _server, plain, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv[:2]))
     assert plain.cache == CacheConfig()
 
 
 def test_up_gives_every_worker_the_tiers_and_its_own_disk_directory() -> None:
-    args = _up_args("--kv-host-tier-bytes", "1MiB", "--kv-disk-tier-path", "/kv")
+    args = _up_args(
+        "--kv-host-tier-bytes", "1MiB", "--kv-disk-tier-path", "/kv", "--kv-tier-codec", "int8"
+    )
     launch = build_up_config(args, Settings.from_env()).worker
     dirs = []
     for role, worker_id in [
@@ -161,6 +178,7 @@ def test_up_gives_every_worker_the_tiers_and_its_own_disk_directory() -> None:
         argv = launch.for_worker(role, worker_id).worker.server_args()
         _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
         assert engine.cache.host_tier_bytes == 1024**2, role
+        assert engine.cache.tier_codec == "int8", role
         dirs.append(engine.cache.disk_tier_path)
     assert dirs == ["/kv/prefill-0", "/kv/decode-0", "/kv/decode-1"]
     plain = build_up_config(_up_args(), Settings.from_env()).worker
@@ -168,9 +186,8 @@ def test_up_gives_every_worker_the_tiers_and_its_own_disk_directory() -> None:
     assert not any(arg.startswith(("--kv-host", "--kv-disk")) for arg in plain_argv), plain_argv
 
 
-def test_pdserve_worker_passes_the_tier_flags_to_its_server(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _pdserve_worker_engine(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> EngineConfig:
+    """The engine config ``pdserve worker ARGV`` gives its worker server (stopped there)."""
     launched: list[WorkerSpec] = []
 
     class Stop(Exception):
@@ -181,12 +198,18 @@ def test_pdserve_worker_passes_the_tier_flags_to_its_server(
         raise Stop
 
     monkeypatch.setattr("pdserve.worker.host.WorkerHost", host)
-    argv = ["worker", "--role", "prefill", "--redis-url", "redis://x", "--kv-host-tier-bytes",
-            "64MiB", "--kv-disk-tier-path", "/kv/p0"]  # fmt: skip
     with pytest.raises(Stop):
-        main(argv)
+        main(["worker", "--redis-url", "redis://x", *argv])
     server_argv = launched[0].server_args()
     _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(server_argv))
+    return engine
+
+
+def test_pdserve_worker_passes_the_tier_flags_to_its_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    argv = ["--role", "prefill", "--kv-host-tier-bytes", "64MiB", "--kv-disk-tier-path", "/kv/p0"]
+    engine = _pdserve_worker_engine(monkeypatch, argv)
     assert (engine.cache.host_tier_bytes, engine.cache.disk_tier_path) == (64 * 1024**2, "/kv/p0")
 
 
@@ -217,5 +240,38 @@ def test_help_shows_the_tier_flags(command: str, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main([command, "--help"])
     out = capsys.readouterr().out
-    for flag in ("--kv-host-tier-bytes SIZE", "--kv-disk-tier-path DIR", "--kv-disk-tier-bytes"):
+    for flag in (
+        "--kv-host-tier-bytes SIZE",
+        "--kv-disk-tier-path DIR",
+        "--kv-disk-tier-bytes",
+        "--kv-tier-codec {exact,int8}",
+    ):
         assert flag in out, (command, flag)
+
+
+def test_kv_cache_dtype_reaches_every_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--kv-cache-dtype int8``: the worker server's cache config, every worker that
+    ``pdserve up`` starts (prefill, decode, colocated) and ``pdserve worker``'s server."""
+    argv = ["--role", "decode", "--kv-cache-dtype", "int8"]
+    _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
+    assert engine.cache.kv_cache_dtype == "int8"
+    launch = build_up_config(_up_args("--kv-cache-dtype", "int8"), Settings.from_env()).worker
+    for role in ("prefill", "decode", "colocated"):
+        server_argv = launch.for_worker(role, f"{role}-0").worker.server_args()
+        _server, engine, _transfer, _decode = configs_from_args(
+            worker_parser().parse_args(server_argv)
+        )
+        assert engine.cache.kv_cache_dtype == "int8", role
+    default = build_up_config(_up_args(), Settings.from_env()).worker
+    server_argv = default.for_worker("decode", "decode-0").worker.server_args()
+    _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(server_argv))
+    assert engine.cache.kv_cache_dtype == "auto"
+    argv = ["--role", "decode", "--kv-cache-dtype", "int8"]
+    assert _pdserve_worker_engine(monkeypatch, argv).cache.kv_cache_dtype == "int8"
+
+
+def test_a_bad_kv_cache_dtype_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "x", "--kv-cache-dtype", "fp8"])
+    err = capsys.readouterr().err
+    assert "--kv-cache-dtype: invalid choice: 'fp8'" in err and "'int8'" in err, err

@@ -66,11 +66,16 @@ def test_scale_down_keeps_the_cache_that_only_one_worker_holds() -> None:
 def test_bad_targets_are_rejected_with_actionable_messages() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         plan_scale("prefill", [], -1)
+    with pytest.raises(ValueError, match=">= 0"):
+        PoolTargets(prefill=-1)
     with pytest.raises(ValueError, match="both pools"):
-        PoolTargets(prefill=1, decode=0)
+        PoolTargets(prefill=1, decode=0).check_serves()
     with pytest.raises(ValueError, match="no worker can run a prompt"):
-        PoolTargets(prefill=0, decode=0, colocated=0)
-    assert PoolTargets(prefill=0, decode=0, colocated=2).of("colocated") == 2
+        PoolTargets(prefill=0, decode=0, colocated=0).check_serves()
+    colocated = PoolTargets(prefill=0, decode=0, colocated=2)
+    assert colocated.check_serves() is colocated
+    # a head's own pools may be anything: the hosts that join bring the rest
+    assert PoolTargets(prefill=0, decode=1).of("decode") == 1
 
 
 def test_drain_finishes_when_idle_or_out_of_time() -> None:

@@ -239,3 +239,17 @@ def test_pool_sizing_helpers() -> None:
     assert num_blocks_for_budget(10 * per_block + per_block - 1, per_block) == 10
     with pytest.raises(ValueError, match="head_dim"):
         kv_block_bytes(30, 16, 3, 0, 4)
+
+
+def test_an_int8_pool_holds_about_twice_the_blocks_of_bf16_in_the_same_memory() -> None:
+    """SmolLM2-135M's blocks: bf16 rows of 64 values take 128 bytes, int8 rows 64 values and
+    a 2-byte scale (66 bytes), so 2 GiB hold 1.94x the blocks."""
+    bf16 = kv_block_bytes(30, 16, 3, 64, 2)
+    int8 = kv_block_bytes(30, 16, 3, 64, 1, row_scale_bytes=2)
+    assert (bf16, int8) == (30 * 2 * 16 * 3 * 128, 30 * 2 * 16 * 3 * 66) == (368_640, 190_080)
+    budget = 2 * 1024**3
+    blocks_bf16, blocks_int8 = (num_blocks_for_budget(budget, b) for b in (bf16, int8))
+    assert (blocks_bf16, blocks_int8) == (5825, 11297)
+    assert 1.9 < blocks_int8 / blocks_bf16 < 2.0
+    with pytest.raises(ValueError, match="row_scale_bytes"):
+        kv_block_bytes(30, 16, 3, 64, 1, row_scale_bytes=-1)

@@ -72,6 +72,7 @@ def test_replay_is_prompt_plus_sent_tokens_with_fewer_max_tokens() -> None:
     assert plan.params.max_tokens == 7
     assert (plan.params.temperature, plan.params.seed, plan.params.top_k) == (0.7, 42, 5)
     assert plan.params.stop == ()  # the router applies them from now on
+    assert plan.params.prior_output_tokens == 3  # seeded draws and penalties continue
     assert (plan.failover, plan.exclude) == (1, "d0")
 
 
@@ -83,6 +84,7 @@ def test_the_second_replay_carries_every_token_sent_so_far() -> None:
     plan = replay(stream, StreamBreak("d1", STREAM_ENDED, "ended"))
     assert plan.prompt_token_ids == (*PROMPT, ord("a"), ord("b"), ord("c"))
     assert (plan.params.max_tokens, plan.failover, plan.exclude) == (7, 2, "d1")
+    assert plan.params.prior_output_tokens == 3
 
 
 def test_gives_up_after_max_failovers_naming_every_failure() -> None:

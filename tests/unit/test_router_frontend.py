@@ -73,6 +73,13 @@ def test_unknown_routing_policy_is_rejected() -> None:
     assert frontend().build("fake", (1,), params, "Prefix-Aware").routing_policy == "prefix_aware"
 
 
+def test_prior_output_tokens_must_leave_a_prompt() -> None:
+    resumed = SamplingParams(prior_output_tokens=2)
+    with pytest.raises(InvalidRequestError, match=r"prior_output_tokens \(2\) must be fewer"):
+        frontend().build("fake", (1, 2), resumed)
+    assert frontend().build("fake", (1, 2, 3), resumed).params.prior_output_tokens == 2
+
+
 def test_sampling_params_survive_the_protobuf_round_trip() -> None:
     params = SamplingParams(
         max_tokens=7,
@@ -85,6 +92,7 @@ def test_sampling_params_survive_the_protobuf_round_trip() -> None:
         logprobs=2,
         n=3,
         ignore_eos=True,
+        prior_output_tokens=4,
     )
     assert params_from_proto(params_to_proto(params), default_max_tokens=16) == params
 

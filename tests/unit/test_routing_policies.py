@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -12,7 +13,9 @@ from pdserve.router.policies import (
     CostModel,
     JointTtftPolicy,
     LeastLoadedPolicy,
+    PeerFetch,
     PrefixAwarePolicy,
+    PrefixHit,
     RoundRobinPolicy,
     RouteRequest,
     WorkerCandidate,
@@ -25,6 +28,11 @@ P, D, C = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.COLOCATED
 
 def worker(worker_id: str, role: WorkerRole, **load: int) -> WorkerCandidate:
     return WorkerCandidate(worker_id, role, WorkerLoad(**load))
+
+
+def cached(**blocks: int) -> dict[str, PrefixHit]:
+    """Prefix hits of these many blocks, all in the workers' pools."""
+    return {w: PrefixHit(n) for w, n in blocks.items()}
 
 
 def pairs(decisions) -> list[tuple[str, str | None]]:
@@ -62,7 +70,7 @@ def test_least_loaded_prefers_fewest_requests_then_most_free_blocks() -> None:
 
 def test_prefix_aware_picks_longest_cached_prefix() -> None:
     workers = [worker("w0", C, running=1), worker("w1", C, running=2), worker("w2", C)]
-    request = RouteRequest(prompt_tokens=64, cached_blocks={"w0": 1, "w1": 3})
+    request = RouteRequest(prompt_tokens=64, prefix_hits=cached(w0=1, w1=3))
     ranked = PrefixAwarePolicy(load_margin=4).rank(request, workers)
     assert [d.prefill_worker_id for d in ranked] == ["w1", "w0", "w2"]
     assert ranked[0].decode_worker_id is None
@@ -71,7 +79,7 @@ def test_prefix_aware_picks_longest_cached_prefix() -> None:
 def test_prefix_aware_hot_spot_guard_skips_an_overloaded_cache_holder() -> None:
     # w1 holds the whole prefix but has 6 more requests than the idle w2 (margin 4).
     workers = [worker("w1", C, running=6), worker("w2", C), worker("w3", C, running=4)]
-    request = RouteRequest(prompt_tokens=64, cached_blocks={"w1": 4, "w3": 2})
+    request = RouteRequest(prompt_tokens=64, prefix_hits=cached(w1=4, w3=2))
     ranked = PrefixAwarePolicy(load_margin=4).rank(request, workers)
     assert [d.prefill_worker_id for d in ranked] == ["w3", "w2", "w1"]
 
@@ -82,7 +90,7 @@ def test_prefix_aware_sends_a_new_prefix_to_the_worker_given_the_least_new_prefi
     fresh = RouteRequest(prompt_tokens=1088, new_blocks={"p0": 68, "p1": 0})
     assert policy.rank(fresh, workers)[0].prefill_worker_id == "p1"
     # ... but a held prefix, and then load, come before it
-    held = RouteRequest(prompt_tokens=1088, cached_blocks={"p0": 64}, new_blocks={"p0": 68})
+    held = RouteRequest(prompt_tokens=1088, prefix_hits=cached(p0=64), new_blocks={"p0": 68})
     assert policy.rank(held, workers)[0].prefill_worker_id == "p0"
     busy = [worker("p0", P), worker("p1", P, running=1), worker("d0", D)]
     assert policy.rank(fresh, busy)[0].prefill_worker_id == "p0"
@@ -95,7 +103,7 @@ def test_prefix_aware_pairs_prefix_holder_with_least_loaded_decode() -> None:
         worker("d0", D, running=5),
         worker("d1", D, running=1),
     ]
-    request = RouteRequest(prompt_tokens=64, cached_blocks={"p1": 2, "d0": 4})
+    request = RouteRequest(prompt_tokens=64, prefix_hits=cached(p1=2, d0=4))
     assert pairs(PrefixAwarePolicy().rank(request, workers)) == [("p1", "d1"), ("p1", "d0")]
 
 
@@ -108,7 +116,7 @@ def test_joint_trades_a_prefix_hit_against_a_loaded_worker() -> None:
         link_bytes_per_s=1e15,
     )
     # 512 tokens = 32 blocks; p0 holds 30 of them: 32 uncached tokens (0.032 s) vs 0.512 s.
-    request = RouteRequest(prompt_tokens=512, cached_blocks={"p0": 30})
+    request = RouteRequest(prompt_tokens=512, prefix_hits=cached(p0=30))
     idle = [worker("p0", P), worker("p1", P), worker("d0", D)]
     assert JointTtftPolicy(cost).rank(request, idle)[0].prefill_worker_id == "p0"
     # With 1,000 prefill tokens queued ahead (1.0 s), the hit no longer pays.
@@ -126,7 +134,7 @@ def test_joint_trades_a_prefix_hit_against_a_loaded_worker() -> None:
 def test_joint_prefers_the_decode_worker_that_already_holds_the_prefix() -> None:
     # Slow link: 23,040 bytes/token over 23.04 MB/s = 1 ms per token moved.
     cost = CostModel(prefill_s_per_token=0.0, decode_admission_s=0.0, link_bytes_per_s=23.04e6)
-    request = RouteRequest(prompt_tokens=160, cached_blocks={"d1": 8})
+    request = RouteRequest(prompt_tokens=160, prefix_hits=cached(d1=8))
     workers = [worker("p0", P), worker("d0", D), worker("d1", D)]
     ranked = JointTtftPolicy(cost).rank(request, workers)
     assert pairs(ranked) == [("p0", "d1"), ("p0", "d0")]
@@ -163,20 +171,106 @@ def test_predicted_ttft_adds_the_four_terms() -> None:
         kv_bytes_per_token=100,
         link_bytes_per_s=1000.0,
     )
-    request = RouteRequest(prompt_tokens=40, block_size=16, cached_blocks={"p": 1, "d": 2})
+    request = RouteRequest(prompt_tokens=40, block_size=16, prefix_hits=cached(p=1, d=2))
     prefill = worker("p", P, queued_prefill_tokens=10)
     decode = worker("d", D, waiting=1)
     est = predict_ttft(request, prefill, decode, cost)
     assert est.queue_s == pytest.approx(0.1)  # 10 queued tokens
     assert est.prefill_s == pytest.approx(0.24)  # 40 - 16 cached tokens
+    assert est.compute_tokens == 24
     assert est.transfer_s == pytest.approx(0.8)  # (40 - 32 held) tokens x 100 B / 1000 B/s
     assert est.admission_s == pytest.approx(1.0)  # 0.5 x (1 + 1 waiting)
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_token() -> None:
     cost = CostModel(prefill_s_per_token=1.0)
-    request = RouteRequest(prompt_tokens=32, cached_blocks={"w": 2})
+    request = RouteRequest(prompt_tokens=32, prefix_hits=cached(w=2))
     assert predict_ttft(request, worker("w", C), None, cost).prefill_s == pytest.approx(1.0)
+
+
+def test_a_hit_costs_its_tier_loads_so_the_pool_beats_host_memory_beats_disk() -> None:
+    cost = CostModel(
+        prefill_s_per_token=1e-3, host_load_s_per_block=2e-3, disk_load_s_per_block=5e-3
+    )
+    hits = {
+        "pool": PrefixHit(10),
+        "host": PrefixHit(10, host_blocks=10),
+        "disk": PrefixHit(10, host_blocks=2, disk_blocks=8),
+    }
+    request = RouteRequest(prompt_tokens=170, prefix_hits=hits)
+    workers = [worker("disk", C), worker("host", C), worker("pool", C)]
+    ranked = JointTtftPolicy(cost).rank(request, workers)
+    assert [d.prefill_worker_id for d in ranked] == ["pool", "host", "disk"]
+    est = predict_ttft(request, worker("disk", C), None, cost)
+    assert est.load_s == pytest.approx(2 * 2e-3 + 8 * 5e-3)
+    assert est.prefill_s == pytest.approx(0.010)  # 170 - 160 cached tokens
+    assert "2 in host memory, 8 on disk" in ranked[2].reason
+    # A disk hit still beats computing its 160 tokens (0.160 s) from scratch.
+    assert ranked[2].ttft_s < predict_ttft(request, worker("none", C), None, cost).total_s
+
+
+# Fetch figures: 1 ms per prefill token, 1 KB of KV per token over 1 MB/s (1 ms per token
+# moved), no fixed setup.
+FETCH_COST = CostModel(
+    prefill_s_per_token=1e-3,
+    decode_admission_s=0.0,
+    kv_bytes_per_token=1000,
+    link_bytes_per_s=1e6,
+    peer_fetch_setup_s=0.0,
+)
+
+
+def test_an_idle_worker_fetches_the_prefix_of_a_busy_holder() -> None:
+    # 0.25 ms per token moved; a worker's step is at most 256 tokens.
+    cost = dataclasses.replace(FETCH_COST, link_bytes_per_s=4e6, step_tokens=256)
+    # 1,024 tokens = 64 blocks; p0 holds 60 and has 1,500 tokens queued (1.5 s).
+    request = RouteRequest(prompt_tokens=1024, prefix_hits=cached(p0=60))
+    workers = [worker("p0", P, queued_prefill_tokens=1500), worker("p1", P), worker("d0", D)]
+    best = JointTtftPolicy(cost).rank(request, workers)[0]
+    assert (best.prefill_worker_id, best.fetch) == ("p1", PeerFetch("p0", 60))
+    no_fetch = JointTtftPolicy(cost, peer_fetch=False).rank(request, workers)
+    assert all(d.fetch is None for d in no_fetch)
+    # fetch: p0's current step (0.256 s) + 960 tokens x 0.25 ms; then 64 tokens computed,
+    # then 1,024 tokens' KV to d0 (0.256 s). (On p0: 1.5 + 0.064 + 0.256 s; p1 computing
+    # all: 1.024 + 0.256 s.)
+    assert best.ttft_s == pytest.approx(0.256 + 0.24 + 0.064 + 0.256)
+    assert best.compute_tokens == 64, "the router counts only these as p1's queued work"
+    assert "fetch 60 blocks from p0" in best.reason
+    # Once p0's queue is short, p0 wins outright.
+    workers = [worker("p0", P, queued_prefill_tokens=100), worker("p1", P), worker("d0", D)]
+    best = JointTtftPolicy(cost).rank(request, workers)[0]
+    assert (best.prefill_worker_id, best.fetch) == ("p0", None)
+
+
+def test_a_fetch_is_chosen_only_when_moving_beats_computing() -> None:
+    workers = [worker("p0", P, queued_prefill_tokens=5000), worker("p1", P), worker("d0", D)]
+    request = RouteRequest(prompt_tokens=1024, prefix_hits=cached(p0=60, p1=20))
+    # Moving a token (1 ms) costs as much as computing it (1 ms): no fetch, p1 computes.
+    best = JointTtftPolicy(FETCH_COST).rank(request, workers)[0]
+    assert (best.prefill_worker_id, best.fetch) == ("p1", None)
+    # A fast link: p1 fetches only what it lacks, the 40 blocks past its own 20.
+    fast = dataclasses.replace(FETCH_COST, link_bytes_per_s=1e9)
+    est = predict_ttft(request, workers[1], workers[2], fast, PeerFetch("p0", 60), workers[0])
+    assert est.fetch_s == pytest.approx(2.048 + 640 * 1e-6)  # p0's step + 640 tokens moved
+    assert est.prefill_s == pytest.approx(0.064)
+
+
+def test_a_fetch_never_asks_for_blocks_only_the_routers_placements_vouch_for() -> None:
+    cost = dataclasses.replace(FETCH_COST, link_bytes_per_s=1e9, step_tokens=16)
+    workers = [worker("p0", P, queued_prefill_tokens=5000), worker("p1", P), worker("d0", D)]
+    # p0 was sent this prompt a moment ago; the index knows only its first 10 blocks.
+    request = RouteRequest(prompt_tokens=1024, prefix_hits=cached(p0=64), pending_blocks={"p0": 54})
+    best = JointTtftPolicy(cost).rank(request, workers)[0]
+    assert (best.prefill_worker_id, best.fetch) == ("p1", PeerFetch("p0", 10))
+    request = RouteRequest(prompt_tokens=1024, prefix_hits=cached(p0=64), pending_blocks={"p0": 64})
+    assert JointTtftPolicy(cost).rank(request, workers)[0].fetch is None
+
+
+def test_colocated_workers_never_fetch() -> None:
+    request = RouteRequest(prompt_tokens=1024, prefix_hits=cached(c0=60))
+    workers = [worker("c0", C, queued_prefill_tokens=1500), worker("c1", C)]
+    fast = dataclasses.replace(FETCH_COST, link_bytes_per_s=1e12)
+    assert all(d.fetch is None for d in JointTtftPolicy(fast).rank(request, workers))
 
 
 def test_unknown_policy_name_is_rejected_naming_the_field() -> None:

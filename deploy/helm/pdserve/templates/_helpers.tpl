@@ -268,3 +268,25 @@ as integers (values arrive as floats: %v would print 1e+06).
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* A size value as the CLI takes it: "4GiB" as is, a number as an integer (YAML numbers
+arrive as floats: 1073741824 would print as 1.073741824e+09). */}}
+{{- define "pdserve.size" -}}
+{{- if kindIs "string" . }}{{ . }}{{ else }}{{ int64 . }}{{ end }}
+{{- end }}
+
+{{/* A pool's KV tier flags (pool.kvTiers). */}}
+{{- define "pdserve.kvTierArgs" -}}
+{{- with .kvTiers }}
+{{- if not (kindIs "invalid" .hostBytes) }}
+- {{ printf "--kv-host-tier-bytes=%s" (include "pdserve.size" .hostBytes) | quote }}
+{{- end }}
+{{- if .disk.enabled }}
+- --kv-disk-tier-path=/var/cache/pdserve/kv-tier
+- {{ printf "--kv-disk-tier-bytes=%s" (include "pdserve.size" .disk.bytes) | quote }}
+{{- end }}
+{{- if or (not (kindIs "invalid" .hostBytes)) .disk.enabled }}
+- --kv-tier-codec={{ .codec }}
+{{- end }}
+{{- end }}
+{{- end }}

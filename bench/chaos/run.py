@@ -1,0 +1,170 @@
+"""``python -m pdserve.bench.chaos``: faults under a steady load, one at a time, as a table.
+
+    python -m pdserve.bench.chaos [--faults decode-kill,freeze,...] [--rate 0.5]
+                                  [--observe-s 60] [--window-s 10] [--json rows.json]
+    python -m pdserve.bench.chaos --soak MINUTES [--rate 0.5]
+
+It starts `pdserve up --prefill 2 --decode 2 --router-processes 2`, runs the load (see
+``load.py``) through one fault-free pass over the dataset, whose answers become the
+reference, then strikes each fault after a steady stretch and watches ``--observe-s``. Each
+row: requests failed (by status), completed streams checked token by token against the
+reference (lost, repeated, changed tokens), goodput before / lowest / after and the time
+until it is back within 10% (``analysis.py``). Faults on links need worker hosts with their
+own network and are listed as not run on a single host. ``--soak`` runs no fault: the load
+for MINUTES, watched for growth (``soak.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from pdserve.bench.chaos.analysis import FaultReport, Slo, report
+from pdserve.bench.chaos.cluster import ENV, START_TIMEOUT_S, ChaosCluster, up_args
+from pdserve.bench.chaos.faults import FAULT_NAMES, FAULTS, Fault
+from pdserve.bench.chaos.load import SteadyLoad, chaos_dataset
+from pdserve.bench.chaos.soak import SoakReport, print_soak, soak
+from pdserve.bench.engine_args import write_rows
+from pdserve.bench.up_process import running_up
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m pdserve.bench.chaos",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--faults", default=",".join(FAULT_NAMES), help="comma-separated, in order")
+    p.add_argument("--rate", type=float, default=0.5, help="requests per second (default 0.5)")
+    p.add_argument("--requests", type=int, default=48, help="distinct requests (default 48)")
+    p.add_argument("--observe-s", type=float, default=60.0, help="watch after a fault")
+    p.add_argument("--window-s", type=float, default=10.0, help="goodput window")
+    p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
+    p.add_argument("--slo-tpot-ms", type=float, default=250.0)
+    p.add_argument("--prefill", type=int, default=2)
+    p.add_argument("--decode", type=int, default=2)
+    p.add_argument("--num-blocks", type=int, default=256, help="KV blocks per worker")
+    p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument(
+        "--soak", type=float, default=None, metavar="MINUTES",
+        help="no faults: the steady load for MINUTES, watching memory, descriptors, threads, "
+        "KV blocks and Redis keys",
+    )  # fmt: skip
+    p.add_argument("--sample-s", type=float, default=30.0, help="soak sampling period")
+    args = p.parse_args(argv)
+    unknown = set(args.faults.split(",")) - set(FAULT_NAMES)
+    if unknown:
+        p.error(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULT_NAMES)}")
+    return args
+
+
+async def run_faults(
+    cluster: ChaosCluster, faults: Sequence[Fault], args: argparse.Namespace
+) -> list[FaultReport]:
+    dataset = chaos_dataset(args.requests)
+    load = SteadyLoad(cluster.grpc_address, dataset, args.rate)
+    running = asyncio.create_task(load.run())
+    slo = Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000)
+    try:
+        reference, lead_s = await _reference_pass(load, len(dataset), args.rate, slo)
+        reports = []
+        for fault in tqdm(faults, desc="faults", unit="fault"):
+            if fault.strike is None:
+                continue
+            await asyncio.sleep(args.window_s + lead_s)  # a steady stretch: "before"
+            fault_s = time.monotonic()
+            target = await fault.strike(cluster, load)
+            print(f"{fault.name}: struck {target}", flush=True)
+            await asyncio.sleep(args.observe_s)
+            settled_s = time.monotonic() - lead_s  # requests sent later may still run
+            outcomes = load.outcomes
+            window = (fault_s, settled_s, args.window_s, lead_s)
+            reports.append(report(fault.name, outcomes, reference, slo, *window))
+    finally:
+        load.stop()
+        await running
+    return reports
+
+
+async def _reference_pass(
+    load: SteadyLoad, num_requests: int, rate: float, slo: Slo
+) -> tuple[dict[int, tuple[int, ...]], float]:
+    """One fault-free pass over the dataset: its tokens, and the longest request (s)."""
+    keys = set(range(num_requests))
+    while True:
+        await asyncio.sleep(1.0)
+        done = {o.key: o for o in load.outcomes if o.key in keys}
+        if len(done) == num_requests:
+            break
+    failed = [o for o in done.values() if not o.ok]
+    if failed:
+        raise RuntimeError(f"the fault-free pass failed {len(failed)} requests: {failed[:3]}")
+    met = sum(slo.met_by(o) for o in done.values()) / num_requests
+    print(f"fault-free pass: {num_requests} requests at {rate}/s, {met:.0%} within the SLO")
+    return {k: o.tokens for k, o in done.items()}, max(o.done_s - o.sent_s for o in done.values())
+
+
+async def run_soak(cluster: ChaosCluster, args: argparse.Namespace) -> SoakReport:
+    dataset = chaos_dataset(args.requests)
+    load = SteadyLoad(cluster.grpc_address, dataset, args.rate)
+    running = asyncio.create_task(load.run())
+    slo = Slo(args.slo_ttft_ms / 1000, args.slo_tpot_ms / 1000)
+    try:
+        reference, _lead_s = await _reference_pass(load, len(dataset), args.rate, slo)
+        result = await soak(cluster, load, args.soak, args.sample_s)
+    finally:
+        load.stop()
+        await running
+    wrong = sum(o.ok and o.tokens != reference[o.key] for o in load.outcomes)
+    return dataclasses.replace(result, inexact_streams=wrong)
+
+
+def print_table(reports: Sequence[FaultReport], faults: Sequence[Fault]) -> None:
+    what = {f.name: f.what for f in faults}
+    print(
+        "| fault | requests | failed (status) | completed | lost / repeated / changed tokens "
+        "| retried | answered within the SLO | goodput before / lowest / after (req/s) "
+        "| back within 10% after |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in reports:
+        failed = ", ".join(f"{n} {s}" for s, n in sorted(r.failed.items())) or "0"
+        e = r.errors
+        back = "not within the run" if r.recovery_s is None else f"{r.recovery_s:.0f} s"
+        print(
+            f"| {what[r.fault]} | {r.requests} | {failed} | {r.completed} "
+            f"| {e.lost} / {e.repeated} / {e.changed} | {r.retried} | {r.admitted_attainment:.0%} "
+            f"| {r.goodput_before:.2f} / {r.goodput_lowest:.2f} / {r.goodput_after:.2f} | {back} |"
+        )
+    for f in faults:
+        if f.strike is None:
+            print(
+                f"| {f.what} | not run: needs worker hosts with their own network | | | | | | | |"
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    chosen = [f for name in args.faults.split(",") for f in FAULTS if f.name == name]
+    with tempfile.TemporaryDirectory(prefix="pdserve-chaos-") as tmp:
+        slo_ms = (args.slo_ttft_ms, args.slo_tpot_ms)
+        cli = up_args(args.prefill, args.decode, 2, args.num_blocks, slo_ms)
+        with running_up(Path(tmp), cli, ENV, START_TIMEOUT_S) as up:
+            if args.soak is not None:
+                soaked = asyncio.run(run_soak(ChaosCluster(up), args))
+                print_soak(soaked)
+                return 0 if soaked.clean else 1
+            reports = asyncio.run(run_faults(ChaosCluster(up), chosen, args))
+    print_table(reports, chosen)
+    write_rows(reports, args.json)
+    bad = [r.fault for r in reports if r.errors.total or r.inexact_streams]
+    if bad:
+        print(f"completed streams with wrong tokens after: {', '.join(bad)}")
+    return 1 if bad else 0

@@ -1,0 +1,316 @@
+"""pdserve over several hosts: network namespaces on one bridge, each with its own address.
+
+Three hosts (tests/integration/netns_hosts.py), started only with the commands a user runs:
+
+    head  `pdserve up --head`: Redis, Ray head, router; no workers of its own
+    pf    `pdserve join HEAD --token-file F --prefill 1 --decode 1 --router`
+    dc    `pdserve join HEAD --token-file F --decode 1`
+
+The cluster is secured as `pdserve up` secures it by default: the join token file carries
+its secret, and the test asks the workers for their figures with the secret's certificate.
+
+Real Ray across the namespaces (token auth), real redis-server, gRPC and NIXL (UCX over TCP,
+``UCX_TLS=tcp``: no shared memory between the "hosts") with the real model. Checked:
+
+- greedy answers through the head's router equal transformers' greedy, for requests whose
+  prefill ran on pf and decode on dc (the registry says where each worker runs), and
+  `pdserve status` shows each worker's host;
+- a prompt that extends one dc already holds moves only the missing blocks: the prefill
+  worker's sent bytes and dc's received bytes both grow by exactly those blocks, and pf's
+  link carried at least that much;
+- the router on pf answers the same;
+- dc cut off (``ip link set ... down``) while it decodes: the request fails over to pf with
+  no token lost or repeated, dc's worker leaves the registry within its lease and its index
+  entries go, the rest serves; reconnected, dc registers again with a new epoch;
+- `pdserve leave` drains dc and stops everything it ran there.
+
+And KV blocks between two hosts at the transfer level, over NIXL and over the TCP fallback.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import redis
+
+from pdserve.cluster.registry import WorkerRegistry
+from pdserve.proto import worker_pb2, worker_pb2_grpc
+from pdserve.proto.redis_keys import RedisKeys
+from pdserve.proto.workers import WorkerInfo
+from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
+from pdserve.worker.mutual_tls import client_tls
+from tests.integration.cluster_proc import GrpcResult, grpc_generate, wait_until
+from tests.integration.netns_hosts import Host, Lan, lan, skip_reason
+
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PDSERVE = (sys.executable, "-m", "pdserve.cluster.cli")
+LEASE_S = 5.0
+ENV = {
+    "PYTHONPATH": str(REPO_ROOT),
+    "PYTHONUNBUFFERED": "1",
+    "PDSERVE_TORCH_THREADS": "1",
+    "PDSERVE_LEASE_S": str(LEASE_S),
+    "PDSERVE_HEARTBEAT_S": "1",
+    "UCX_TLS": "tcp",  # the hosts share a kernel: keep UCX off shared memory
+}
+WORKER_ARGS = ("--num-blocks", "256")
+START_TIMEOUT_S = 600.0
+MAX_TOKENS = 16
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+)
+# Several full blocks (16 tokens each), then more of it (appended as token ids).
+BASE_PROMPT = (
+    "The lighthouse keeper wrote in the log every evening: the direction of the wind, the "
+    "height of the waves, the ships that passed and the colour of the sky at dusk. Twice a "
+    "year the inspector came by boat to read it, and he always asked about the fog."
+)
+MORE_PROMPT = (
+    " On the last page of the old log, under the date of the great storm, he wrote a single "
+    "line about the"
+)
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Lan]:
+    reason = skip_reason()
+    if reason is not None:
+        print(f"skipping the multi-host tests: {reason}")
+        pytest.skip(reason)
+    with lan(("head", "pf", "dc")) as built:
+        yield built
+
+
+@dataclass
+class Cluster:
+    lan: Lan
+    state_dir: Path
+    head_state: dict[str, Any]
+    join_args: tuple[str, ...]  # HEAD_ADDRESS --token-file FILE
+    redis: redis.Redis
+    keys: RedisKeys
+    secret: ClusterSecret
+
+    @property
+    def head(self) -> Host:
+        return self.lan.hosts["head"]
+
+    def host(self, name: str) -> Host:
+        return self.lan.hosts[name]
+
+    def workers(self) -> dict[str, WorkerInfo]:
+        return {w.worker_id: w for w in WorkerRegistry(self.redis, self.keys).list_workers()}
+
+    def join(self, name: str, *args: str) -> None:
+        host = self.host(name)
+        state = self.state_dir / f"{name}.json"
+        command = (*PDSERVE, "join", *self.join_args, "--name", name, *args, *WORKER_ARGS)
+        host.popen((*command, "--state-file", str(state)), ENV, self.state_dir / f"{name}.log")
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        text = (self.state_dir / f"{name}.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    hosts: Lan, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
+    state_dir = tmp_path_factory.mktemp("multi_host")
+    head_state_file = state_dir / "head.json"
+    ports = ("--http-port", "0", "--grpc-port", "0")
+    command = (*PDSERVE, "up", "--head", "--name", "head", *ports, "--no-dashboard",
+               *WORKER_ARGS, "--state-file", str(head_state_file))  # fmt: skip
+    hosts.hosts["head"].popen(command, ENV, state_dir / "head.log")
+    request.getfixturevalue("hf_smollm2")  # the reference loads while the head starts
+    head_state = _wait_for_state(head_state_file, state_dir / "head.log")
+    _, _, head_address, _, token_file, *_ = head_state["join_command"].split()
+    client = redis.Redis.from_url(head_state["redis_url"], socket_timeout=5)
+    secret = read_secret_file(Path(head_state["secret_file"]))
+    built = Cluster(hosts, state_dir, head_state, (head_address, "--token-file", token_file),
+                    client, RedisKeys(head_state["key_prefix"]), secret)  # fmt: skip
+    built.join("pf", "--prefill", "1", "--decode", "1", "--router")
+    built.join("dc", "--decode", "1")
+    try:
+        for name in ("pf", "dc"):
+            _wait_for_state(state_dir / f"{name}.json", state_dir / f"{name}.log")
+        yield built
+    finally:
+        client.close()
+
+
+def _wait_for_state(path: Path, log: Path) -> dict[str, Any]:
+    deadline_s = time.monotonic() + START_TIMEOUT_S
+    while not path.exists():
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if "Traceback" in text or "error:" in text or time.monotonic() > deadline_s:
+            raise AssertionError(f"{path.name} never written; {log.name}:\n{text[-4000:]}")
+        time.sleep(0.5)
+    state: dict[str, Any] = json.loads(path.read_text())
+    return state
+
+
+def hf_greedy(model: Any, ids: list[int], max_tokens: int) -> list[int]:
+    """transformers' greedy continuation, EOS ignored (as ``ignore_eos`` asks the cluster)."""
+    import torch
+
+    config = copy.deepcopy(model.generation_config)
+    config.update(eos_token_id=[], do_sample=False, max_new_tokens=max_tokens)
+    prompt = torch.tensor([ids])
+    with torch.inference_mode():
+        out = model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), generation_config=config
+        )
+    return list(out[0, len(ids) :].tolist())
+
+
+def generate(address: str, ids: list[int], max_tokens: int = MAX_TOKENS) -> GrpcResult:
+    return grpc_generate(address, ids, max_tokens, ignore_eos=True)
+
+
+def worker_stats(cluster: Cluster, address: str) -> Any:
+    """The worker's GetStats, asked as a member of the cluster (mutual TLS)."""
+    tls = client_tls(cluster.secret)
+    with grpc.secure_channel(address, tls.credentials, options=list(tls.options)) as channel:
+        return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.StatsRequest(), timeout=10)
+
+
+def host_of(worker: WorkerInfo) -> str:
+    return worker.address.rsplit(":", 1)[0]
+
+
+def test_greedy_across_hosts_equals_transformers(
+    cluster: Cluster, hf_smollm2: Any, hf_smollm2_tokenizer: Any
+) -> None:
+    workers = cluster.workers()
+    assert host_of(workers["prefill-pf-0"]) == cluster.host("pf").address
+    assert host_of(workers["decode-dc-0"]) == cluster.host("dc").address
+    for prompt in PROMPTS:
+        ids = hf_smollm2_tokenizer(prompt).input_ids
+        got = generate(cluster.head_state["grpc"], ids)
+        assert got.token_ids == hf_greedy(hf_smollm2, ids, MAX_TOKENS), prompt
+        # the prompt ran on pf, the rest on dc: two hosts (ties go to the first worker id)
+        assert (got.prefill_worker, got.decode_worker) == ("prefill-pf-0", "decode-dc-0")
+    status = cluster.head.run((*PDSERVE, "status", "--json", "--state-file",
+                               str(cluster.state_dir / "head.json")), ENV)  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    hosts = {w["worker_id"]: w["host"] for w in json.loads(status.stdout)["workers"]}
+    pf, dc = cluster.host("pf").address, cluster.host("dc").address
+    assert hosts == {"prefill-pf-0": pf, "decode-pf-0": pf, "decode-dc-0": dc}
+
+
+def test_only_the_blocks_the_decode_host_lacks_cross_the_link(
+    cluster: Cluster, hf_smollm2_tokenizer: Any
+) -> None:
+    workers = cluster.workers()
+    prefill, decode = workers["prefill-pf-0"].address, workers["decode-dc-0"].address
+    block = workers["decode-dc-0"].block_size
+    base = hf_smollm2_tokenizer(BASE_PROMPT).input_ids
+    longer = base + hf_smollm2_tokenizer(MORE_PROMPT).input_ids
+    assert len(base) >= 3 * block, "several full blocks"
+
+    def transferred() -> tuple[int, int]:
+        stats = worker_stats(cluster, prefill), worker_stats(cluster, decode)
+        return stats[0].transfer_bytes, stats[1].transfer_bytes
+
+    sent0, received0 = transferred()
+    link0 = cluster.host("pf").sent_bytes()
+    first = generate(cluster.head_state["grpc"], base, 2)
+    assert first.decode_worker == "decode-dc-0"
+    sent1, received1 = transferred()
+    block_bytes, leftover = divmod(sent1 - sent0, -(-len(base) // block))
+    assert leftover == 0 and block_bytes > 0, "the first transfer moves every block of the prompt"
+    assert received1 - received0 == sent1 - sent0
+    assert cluster.host("pf").sent_bytes() - link0 >= sent1 - sent0
+
+    # dc holds the base prompt's full blocks: only the rest of the longer prompt moves
+    second = generate(cluster.head_state["grpc"], longer, 2)
+    assert second.decode_worker == "decode-dc-0"
+    missing = -(-len(longer) // block) - len(base) // block
+    sent2, received2 = transferred()
+    assert sent2 - sent1 == received2 - received1 == missing * block_bytes
+
+
+def test_second_router_on_a_worker_host_answers_the_same(
+    cluster: Cluster, hf_smollm2: Any, hf_smollm2_tokenizer: Any
+) -> None:
+    pf_state = json.loads((cluster.state_dir / "pf.json").read_text())
+    assert pf_state["grpc"].startswith(cluster.host("pf").address + ":")
+    ids = hf_smollm2_tokenizer(PROMPTS[0]).input_ids
+    got = generate(pf_state["grpc"], ids)
+    assert got.token_ids == hf_greedy(hf_smollm2, ids, MAX_TOKENS)
+    assert got.token_ids == generate(cluster.head_state["grpc"], ids).token_ids
+
+
+def test_a_host_cut_off_is_forgotten_while_the_rest_serves_and_it_rejoins(
+    cluster: Cluster, hf_smollm2: Any, hf_smollm2_tokenizer: Any
+) -> None:
+    dc, router = cluster.host("dc"), cluster.head_state["grpc"]
+    old = cluster.workers()["decode-dc-0"]
+    prompts = [
+        hf_smollm2_tokenizer(f"Story number {i}: once upon a time, a").input_ids for i in range(3)
+    ]
+    long_tokens = 64
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        streams = [pool.submit(generate, router, ids, long_tokens) for ids in prompts]
+        wait_until(lambda: worker_stats(cluster, old.address).running > 0, 60,
+                   "a request decoding on dc")  # fmt: skip
+        dc.cut_off()
+        cut_s = time.monotonic()
+        wait_until(lambda: "decode-dc-0" not in cluster.workers(), 2 * LEASE_S, "dc forgotten")
+        forgotten_s = time.monotonic() - cut_s
+        results = [s.result() for s in streams]
+    assert forgotten_s < LEASE_S + 1.0, "forgotten within its lease (+ a heartbeat)"
+    # every stream completes, exact: the ones on dc failed over to pf's decode worker
+    for ids, got in zip(prompts, results, strict=True):
+        assert got.token_ids == hf_greedy(hf_smollm2, ids, long_tokens)
+    indexed = cluster.keys.index_workers
+    wait_until(lambda: not cluster.redis.sismember(indexed, "decode-dc-0"), 15,
+               "dc's index entries to go")  # fmt: skip
+    ids = hf_smollm2_tokenizer(PROMPTS[1]).input_ids
+    during = generate(router, ids)
+    assert during.token_ids == hf_greedy(hf_smollm2, ids, MAX_TOKENS)
+    assert (during.prefill_worker, during.decode_worker) == ("prefill-pf-0", "decode-pf-0")
+
+    dc.reconnect()
+    wait_until(lambda: "decode-dc-0" in cluster.workers(), 120, "dc to register again")
+    assert cluster.workers()["decode-dc-0"].epoch > old.epoch
+
+
+def test_leave_drains_the_host_and_stops_what_it_ran(cluster: Cluster) -> None:
+    dc = cluster.host("dc")
+    out = dc.run((*PDSERVE, "leave", "--state-file", str(cluster.state_dir / "dc.json")), ENV)
+    assert out.returncode == 0, out.stderr + cluster.log_tail("dc")
+    assert "decode-dc-0" not in cluster.workers()  # deregistered, not left to lapse
+    assert dc.pids() == [], "the Ray node and its workers stopped with `pdserve join`"
+
+
+def test_kv_blocks_cross_hosts_over_nixl_and_tcp(hosts: Lan, tmp_path: Path) -> None:
+    sender, receiver = hosts.hosts["pf"], hosts.hosts["dc"]
+    module = (sys.executable, "-m", "tests.integration.netns_kv_peer")
+    for backend in ("nixl", "tcp"):
+        before = sender.sent_bytes()
+        recv = receiver.popen((*module, "receiver", backend, str(tmp_path), receiver.address),
+                              ENV, tmp_path / f"{backend}-receiver.log")  # fmt: skip
+        sent = sender.run((*module, "sender", backend, str(tmp_path), sender.address), ENV)
+        recv.wait(120)
+        got = json.loads((tmp_path / f"{backend}-receiver.log").read_text().splitlines()[-1])
+        assert sent.returncode == 0, sent.stdout + sent.stderr
+        out = json.loads(sent.stdout.splitlines()[-1])
+        assert out["state"] == got["state"] == "DONE", (backend, out, got)
+        assert got["exact"], f"{backend}: the blocks that landed are not the sender's"
+        assert out["bytes"] == got["bytes"] == 4 * 64 * 1024
+        assert sender.sent_bytes() - before >= out["bytes"], f"{backend}: not over the link"
