@@ -26,6 +26,7 @@ from pdserve.router.request.lifecycle import RequestLifecycle
 from pdserve.router.request.metered_lifecycle import MeteredLifecycle
 from pdserve.router.request.types import TimingSink
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
+from pdserve.router.state.link_rates import LinkRates
 from pdserve.router.state.locality import LocalityIndex, PromptBlockHasher
 
 if TYPE_CHECKING:
@@ -67,11 +68,13 @@ async def start_router(
     """Start both servers on ``config.host``; ``worker_tls``: mutual TLS to the workers (a
     cluster with a secret), else plaintext."""
     channels = ChannelPool(worker_tls, config.max_message_bytes)
-    obs = RouterObservability(config, directory, channels)
+    link_rates = LinkRates()  # measured by the lifecycle, exposed in /metrics
+    obs = RouterObservability(config, directory, channels, link_rates=link_rates)
     # The tokenizer also decodes: exact text when a stream fails over.
     lifecycle = MeteredLifecycle(
-        config, directory, channels, obs, locality, hasher, timing_sink, text_decoder=tokenizer
-    )
+        config, directory, channels, obs, locality, hasher, timing_sink, text_decoder=tokenizer,
+        link_rates=link_rates,
+    )  # fmt: skip
     frontend = Frontend(config, tokenizer, lifecycle)
     grpc_server, grpc_port = await start_grpc_server(frontend, config)
     app = create_app(frontend, config)

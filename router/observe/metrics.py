@@ -16,6 +16,7 @@ Where each counter comes from:
 | ``pdserve_kv_transfer_bytes_total{worker}`` | prefill workers' GetStats (sent, and fetched) |
 | ``pdserve_kv_transfer_failures_total{worker}`` | prefill workers' GetStats |
 | ``pdserve_recompute_fallbacks_total{worker}`` | every worker's GetStats |
+| ``pdserve_router_link_bytes_per_second{prefill,decode}`` | router: transfer reports (gauge) |
 
 Worker counters are accumulated since the router started (``pdserve.router.observe.worker_stats``),
 so they never go down while the router runs, whatever the workers do.
@@ -23,7 +24,7 @@ so they never go down while the router runs, whatever the workers do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -56,6 +57,7 @@ class LiveSource(Protocol):
     def worker_up(self) -> dict[str, bool]: ...
     def worker_totals(self) -> Sequence[WorkerTotals]: ...
     def goodput(self) -> Sequence[GoodputFigures]: ...
+    def link_rates(self) -> Mapping[tuple[str, str], float]: ...
 
 
 class RouterMetrics:
@@ -149,12 +151,24 @@ class LiveCollector(Collector):
         yield from _worker_gauges(self.source.worker_snapshots(), self.source.worker_up())
         yield from _worker_counters(self.source.worker_totals())
         yield from _slo_gauges(self.source.slo, self.source.goodput())
+        yield _link_gauge(self.source.link_rates())
 
 
 def _pool_gauge(sizes: dict[str, int]) -> Metric:
     family = GaugeMetricFamily("pdserve_pool_workers", "Live workers by role.", labels=["role"])
     for role in sorted(set(ROLES) | set(sizes)):
         family.add_metric([role], sizes.get(role, 0))
+    return family
+
+
+def _link_gauge(rates: Mapping[tuple[str, str], float]) -> Metric:
+    family = GaugeMetricFamily(
+        "pdserve_router_link_bytes_per_second",
+        "Measured KV transfer rate from a prefill to a decode worker (recent transfers).",
+        labels=["prefill", "decode"],
+    )
+    for (prefill, decode), bytes_per_s in sorted(rates.items()):
+        family.add_metric([prefill, decode], bytes_per_s)
     return family
 
 

@@ -29,6 +29,7 @@ from pdserve.router.observe.metrics import RouterMetrics
 from pdserve.router.observe.worker_stats import WorkerSnapshot, WorkerStatsPoller, WorkerTotals
 from pdserve.router.request.types import Summary
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
+from pdserve.router.state.link_rates import LinkRates, WorkerPair
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,10 @@ class RouterObservability:
         directory: WorkerDirectory,
         channels: ChannelPool,
         clock: Callable[[], float] = time.monotonic,
+        link_rates: LinkRates | None = None,
     ) -> None:
         self.slo: SloConfig = config.slo
+        self._link_rates = link_rates or LinkRates()
         self.directory = directory
         self.clock = clock
         self.started_s = clock()
@@ -114,6 +117,9 @@ class RouterObservability:
 
     def goodput(self) -> Sequence[GoodputFigures]:
         return self.goodput_window.figures(self.clock())
+
+    def link_rates(self) -> dict[WorkerPair, float]:
+        return self._link_rates.rates(time.monotonic())  # the table's clock, not self.clock
 
     # -- serving ---------------------------------------------------------------------------
 

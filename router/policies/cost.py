@@ -89,6 +89,11 @@ def tier_load_s(hit: PrefixHit, cost: CostModel) -> float:
     )
 
 
+def link_bytes_per_s(request: RouteRequest, sender: str, receiver: str, cost: CostModel) -> float:
+    """The link's measured KV rate, or the cost model's default for a link not measured."""
+    return request.link_rates.get((sender, receiver), cost.link_bytes_per_s)
+
+
 def fetch_s(request: RouteRequest, prefill: str, holder: WorkerCandidate, cost: CostModel) -> float:
     """A peer fetch by ``prefill`` of what ``holder`` holds beyond its own hit: setup, the
     holder's current step (it pins the blocks between steps), the holder loading its blocks
@@ -97,11 +102,12 @@ def fetch_s(request: RouteRequest, prefill: str, holder: WorkerCandidate, cost: 
     fetched = request.blocks_to_tokens(request.fetchable_blocks(holder.worker_id))
     moved_tokens = max(0, fetched - request.cached_tokens(prefill))
     busy_tokens = min(holder.load.queued_prefill_tokens, cost.step_tokens)
+    rate = link_bytes_per_s(request, holder.worker_id, prefill, cost)
     return (
         cost.peer_fetch_setup_s
         + busy_tokens * cost.prefill_s_per_token
         + tier_load_s(held, cost)
-        + moved_tokens * cost.kv_bytes_per_token / cost.link_bytes_per_s
+        + moved_tokens * cost.kv_bytes_per_token / rate
     )
 
 
@@ -159,7 +165,8 @@ def predict_ttft(
         return TtftEstimate(queue_s, prefill_s, 0.0, 0.0, load_s, fetched_s, compute)
     # The prefill worker skips the leading blocks the decode worker already holds.
     kv_tokens = request.prompt_tokens - request.cached_tokens(decode.worker_id)
-    transfer_s = kv_tokens * cost.kv_bytes_per_token / cost.link_bytes_per_s
+    rate = link_bytes_per_s(request, prefill.worker_id, decode.worker_id, cost)
+    transfer_s = kv_tokens * cost.kv_bytes_per_token / rate
     admission_s = cost.decode_admission_s * (1 + decode.load.waiting)
     if not has_room(request, decode):
         admission_s += cost.no_room_penalty_s

@@ -48,7 +48,8 @@ class CostModel:
     """The figures a TTFT prediction is made of.
 
     Defaults fit SmolLM2-135M on a CPU: 30 layers x K,V x 3 KV heads x 64 dims x 2 bytes
-    = 23,040 KV bytes per token, and a loopback link.
+    = 23,040 KV bytes per token, and a loopback link. ``link_bytes_per_s`` is the rate of
+    a link no transfer has measured yet (``RouteRequest.link_rates`` holds the measured ones).
     """
 
     prefill_s_per_token: float = 2e-4
@@ -95,6 +96,8 @@ class RouteRequest:
     router's placements vouch for (sent there, perhaps not computed yet): its own requests
     queue behind them, but a peer fetch asks only for what the index knows it holds.
     ``new_blocks`` maps worker id -> blocks of new prefix this router gave it lately.
+    ``link_rates`` maps (sender, receiver) worker ids -> the KV bytes/s that link moved
+    lately (router/state/link_rates.py); missing = ``CostModel.link_bytes_per_s``.
     """
 
     prompt_tokens: int
@@ -102,6 +105,7 @@ class RouteRequest:
     prefix_hits: Mapping[str, PrefixHit] = field(default_factory=dict)
     new_blocks: Mapping[str, int] = field(default_factory=dict)
     pending_blocks: Mapping[str, int] = field(default_factory=dict)
+    link_rates: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert self.prompt_tokens >= 1, f"prompt_tokens must be >= 1, got {self.prompt_tokens}"

@@ -156,7 +156,7 @@ class Attempt:
             prefill.cancel()
             self.calls.cancel_in_background(decode_id, self.request_id)
             return
-        report = asyncio.create_task(self._transfer_report(prefill, prefill_id))
+        report = asyncio.create_task(self._transfer_report(prefill, prefill_id, decode_id))
         try:
             decode = self._decode(decode_id, first)
             while (msg := await decode.read()) is not grpc.aio.EOF:  # not `async for`: _read
@@ -227,11 +227,19 @@ class Attempt:
             prefill_id, f"prefill worker {prefill_id} ended its stream without a first token"
         )
 
-    async def _transfer_report(self, prefill: grpc.aio.UnaryStreamCall, prefill_id: str) -> float:
-        """Seconds the KV transfer took (0 when the worker sent no report)."""
+    async def _transfer_report(
+        self, prefill: grpc.aio.UnaryStreamCall, prefill_id: str, decode_id: str
+    ) -> float:
+        """Seconds the KV transfer took (0 when the worker sent no report); a transfer that
+        succeeded also measures the link from ``prefill_id`` to ``decode_id``."""
         async for event in self._read(prefill, prefill_id):
             if event.HasField("transfer"):
-                return float(event.transfer.seconds)
+                report = event.transfer
+                if report.ok:
+                    self.calls.link_rates.observe(
+                        prefill_id, decode_id, report.bytes, report.seconds, time.monotonic()
+                    )
+                return float(report.seconds)
         return 0.0
 
     def _decode(self, decode_id: str, first: common_pb2.TokenChunk) -> grpc.aio.UnaryStreamCall:

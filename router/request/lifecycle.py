@@ -47,6 +47,7 @@ from pdserve.router.request.types import (
 from pdserve.router.request.worker_calls import WorkerCalls
 from pdserve.router.state.admission import ConcurrencyLimiter, LocalLoadTracker, SloShedding
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
+from pdserve.router.state.link_rates import LinkRates
 from pdserve.router.state.locality import BlockHash, LocalityIndex, PromptBlockHasher
 from pdserve.router.state.placements import RecentPlacements
 from pdserve.router.state.prefix_lookup import prefix_hits
@@ -67,6 +68,7 @@ class RequestLifecycle:
         timing_sink: TimingSink | None = None,
         failover: FailoverConfig | None = None,
         text_decoder: TextDecoder | None = None,
+        link_rates: LinkRates | None = None,
     ) -> None:
         self.config = config
         self.failover = failover or FailoverConfig()
@@ -89,6 +91,8 @@ class RequestLifecycle:
         self.shedding = SloShedding(config.shed_ttft_factor * config.slo.ttft_s)
         self.tracker = LocalLoadTracker()
         self.placements = RecentPlacements()
+        # Fed by the prefill workers' transfer reports (dispatch.py), read by routing.
+        self.link_rates = link_rates or LinkRates()
         self._policies: dict[str, RoutingPolicy] = {
             name: make_policy(name, config.cost, config.hot_spot_margin_requests, config.peer_fetch)
             for name in POLICY_NAMES
@@ -174,6 +178,7 @@ class RequestLifecycle:
             self.tracker,
             {w.worker_id: w for w in workers},
             self._background,
+            self.link_rates,
         )
         return Route(inp, request, ranked, calls, self._deadline_at(inp))
 
@@ -182,13 +187,14 @@ class RequestLifecycle:
     ) -> tuple[RouteRequest, Sequence[BlockHash]]:
         """What routing knows of ``inp``: per worker, the prompt blocks it holds (locality
         index, or just sent there) and the new prefix it was given lately; and the
-        prompt's block hashes (empty without a hasher)."""
+        prompt's block hashes (empty without a hasher); and the links' measured rates."""
         size = self.config.block_size
+        now_s = time.monotonic()
+        links = self.link_rates.rates(now_s)
         if self.hasher is None:
-            return RouteRequest(len(inp.prompt_token_ids), size), ()
+            return RouteRequest(len(inp.prompt_token_ids), size, link_rates=links), ()
         hashes = self.hasher(inp.prompt_token_ids)
         hits = await prefix_hits(self.locality, hashes, worker_ids)
-        now_s = time.monotonic()
         pending = {}
         for worker_id, sent in self.placements.longest_prefix(hashes, worker_ids, now_s).items():
             indexed = hits.get(worker_id, PrefixHit()).blocks
@@ -196,7 +202,7 @@ class RequestLifecycle:
                 hits[worker_id] = PrefixHit(sent)
                 pending[worker_id] = sent - indexed
         new = self.placements.new_blocks(worker_ids, now_s)
-        request = RouteRequest(len(inp.prompt_token_ids), size, hits, new, pending)
+        request = RouteRequest(len(inp.prompt_token_ids), size, hits, new, pending, links)
         return request, hashes
 
     def _candidate(self, worker: WorkerInfo) -> WorkerCandidate:

@@ -23,6 +23,7 @@ from pdserve.router.request.failover_text import TextDecoder
 from pdserve.router.request.lifecycle import RequestLifecycle
 from pdserve.router.request.types import ChunkEvent, GenerateInput, Summary, TimingSink
 from pdserve.router.state.directory import ChannelPool, WorkerDirectory
+from pdserve.router.state.link_rates import LinkRates
 from pdserve.router.state.locality import LocalityIndex, PromptBlockHasher
 
 
@@ -39,10 +40,12 @@ class MeteredLifecycle(RequestLifecycle):
         hasher: PromptBlockHasher | None = None,
         timing_sink: TimingSink | None = None,
         text_decoder: TextDecoder | None = None,
+        link_rates: LinkRates | None = None,
     ) -> None:
         super().__init__(
-            config, directory, channels, locality, hasher, timing_sink, text_decoder=text_decoder
-        )
+            config, directory, channels, locality, hasher, timing_sink,
+            text_decoder=text_decoder, link_rates=link_rates,
+        )  # fmt: skip
         self.observability = observability
 
     def _watch(self, inp: GenerateInput) -> _RequestWatch:

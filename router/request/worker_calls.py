@@ -1,4 +1,5 @@
-"""What every attempt shares: stubs by worker id, the load tracker, background Cancel calls."""
+"""What every attempt shares: stubs by worker id, the load tracker, the measured link rates,
+background Cancel calls."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pdserve.proto.workers import WorkerInfo
 from pdserve.router.config import RouterConfig
 from pdserve.router.state.admission import LocalLoadTracker
 from pdserve.router.state.directory import ChannelPool
+from pdserve.router.state.link_rates import LinkRates
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +31,11 @@ class WorkerCalls:
         tracker: LocalLoadTracker,
         workers: Mapping[str, WorkerInfo],
         background: set[asyncio.Task[None]],
+        link_rates: LinkRates,
     ) -> None:
         self.config = config
         self.tracker = tracker
+        self.link_rates = link_rates
         self._channels = channels
         self._workers = workers
         self._background = background

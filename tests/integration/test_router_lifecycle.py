@@ -16,6 +16,7 @@ from pdserve.proto.workers import WorkerLoad
 from pdserve.router.config import RouterConfig
 from pdserve.router.policies import CostModel
 from pdserve.router.request.types import InMemoryTimingSink
+from pdserve.router.state.link_rates import LinkRates
 from pdserve.router.state.locality import InProcessLocalityIndex, engine_prompt_hasher
 from tests.integration.stub_worker import FakeCharTokenizer, StubCluster, start_stub_cluster
 
@@ -73,6 +74,21 @@ def test_disaggregated_flow_reserve_prefill_decode(disagg: StubCluster) -> None:
     assert last.timing.transfer_s == pytest.approx(0.002)  # the stub's TransferReport
     assert disagg.workers["d0"].reservations == set()
     assert_no_load_left(disagg)
+
+
+def test_a_transfer_report_measures_its_link_and_the_next_request_avoids_a_slow_one(
+    disagg: StubCluster,
+) -> None:
+    # The stub moves 100 bytes per prompt token in 2 ms: 50 kB/s per token, far below the
+    # cost model's default for a link not measured yet.
+    disagg.lifecycle.link_rates = LinkRates(min_bytes=1)
+    first = generate(disagg, text="hello", params=common_pb2.SamplingParams(max_tokens=2))[-1]
+    assert (first.prefill_worker, first.decode_worker) == ("p0", "d0")
+    tokens = first.usage.prompt_tokens
+    rates = disagg.lifecycle.link_rates.rates(time.monotonic())
+    assert rates == {("p0", "d0"): pytest.approx(100 * tokens / 0.002)}
+    second = generate(disagg, text="hello", params=common_pb2.SamplingParams(max_tokens=2))[-1]
+    assert (second.prefill_worker, second.decode_worker) == ("p0", "d1")
 
 
 def test_finished_at_first_token_frees_the_decode_reservation(disagg: StubCluster) -> None:

@@ -112,6 +112,9 @@ class FakeLive:
     def goodput(self) -> Sequence[GoodputFigures]:
         return self.figures
 
+    def link_rates(self) -> dict[tuple[str, str], float]:
+        return {("p0", "d0"): 2.5e8}
+
 
 def test_live_collector_reads_pools_workers_and_goodput_at_scrape_time() -> None:
     slo = SloConfig(ttft_ms=200.0, tpot_ms=50.0, windows_s=(10.0, 60.0))
@@ -136,6 +139,8 @@ def test_live_collector_reads_pools_workers_and_goodput_at_scrape_time() -> None
     assert got[("pdserve_slo_attainment", (("window", "10s"),))] == 1.0
     assert math.isnan(got[("pdserve_slo_attainment", (("window", "60s"),))])
     assert got[("pdserve_slo_ttft_seconds", ())] == pytest.approx(0.2)
+    link = ("pdserve_router_link_bytes_per_second", (("decode", "d0"), ("prefill", "p0")))
+    assert got[link] == 2.5e8
 
 
 def test_counter_increase_handles_first_sight_growth_and_restarts() -> None:

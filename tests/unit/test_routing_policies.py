@@ -142,6 +142,34 @@ def test_joint_prefers_the_decode_worker_that_already_holds_the_prefix() -> None
     assert ranked[1].ttft_s == pytest.approx(0.160)
 
 
+def test_joint_avoids_a_slow_measured_link_for_a_long_prompt_only() -> None:
+    # d1 has 5 requests waiting (5 ms more admission), but its link from p0 measured
+    # 1 GB/s against d0's 10 MB/s.
+    cost = CostModel(prefill_s_per_token=1e-4, decode_admission_s=1e-3)
+    links = {("p0", "d0"): 10e6, ("p0", "d1"): 1e9}
+    workers = [worker("p0", P), worker("d0", D), worker("d1", D, waiting=5)]
+    long = RouteRequest(prompt_tokens=2048, link_rates=links)
+    ranked = JointTtftPolicy(cost).rank(long, workers)
+    assert pairs(ranked) == [("p0", "d1"), ("p0", "d0")]
+    # 2,048 tokens x 23,040 bytes: 4.72 s over the slow link, 0.047 s over the fast one.
+    assert ranked[1].ttft_s - ranked[0].ttft_s == pytest.approx(4.67 - 0.005, abs=0.01)
+    # One token moves 23 KB: 2.3 ms against 23 us, less than the queue: load decides.
+    tiny = RouteRequest(prompt_tokens=1, link_rates=links)
+    assert pairs(JointTtftPolicy(cost).rank(tiny, workers))[0] == ("p0", "d0")
+    # Only the measured direction counts: a rate into p0 says nothing of p0 -> d0.
+    reverse = RouteRequest(prompt_tokens=2048, link_rates={("d0", "p0"): 10e6})
+    assert pairs(JointTtftPolicy(cost).rank(reverse, workers))[0] == ("p0", "d0")
+
+
+def test_an_unmeasured_link_uses_the_cost_models_default_rate() -> None:
+    cost = CostModel(prefill_s_per_token=0.0, decode_admission_s=0.0, link_bytes_per_s=23.04e6)
+    workers = [worker("p0", P), worker("d0", D)]
+    measured = RouteRequest(prompt_tokens=160, link_rates={("p0", "d0"): 2 * 23.04e6})
+    assert predict_ttft(measured, workers[0], workers[1], cost).transfer_s == pytest.approx(0.08)
+    default = RouteRequest(prompt_tokens=160, link_rates={("p1", "d0"): 1.0})
+    assert predict_ttft(default, workers[0], workers[1], cost).transfer_s == pytest.approx(0.16)
+
+
 def test_joint_ranks_a_decode_worker_without_room_last() -> None:
     request = RouteRequest(prompt_tokens=100)  # needs 7 blocks
     workers = [
