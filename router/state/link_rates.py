@@ -6,8 +6,10 @@ costs a long prompt seconds that a same-rack one does not. The prefill worker re
 transfer it made (bytes, seconds) at the end of its Prefill stream; the router feeds those
 reports here and routing reads the table back (``rates``).
 
-* Only transfers of at least ``min_bytes`` count: a few blocks take about as long as the
-  connection's fixed costs, so their bytes/seconds says nothing about the link.
+* Only transfers of at least ``min_bytes`` count: a short one's time is mostly fixed
+  costs (connecting, the handshake, the completion notice), so its bytes/seconds says
+  little about the link. 4 MiB (six fp32 SmolLM2 blocks) takes ~34 ms at 1 Gbit/s; and
+  links matter to routing only for prompts that move that much.
 * Each pair keeps an exponentially weighted mean: a new report moves it by ``weight`` of
   the difference, so one odd transfer does not swing routing, and a link that changed
   (congestion, a new route) is followed within a few transfers.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIN_MEASURED_BYTES = 256 * 1024
+MIN_MEASURED_BYTES = 4 * 1024 * 1024
 
 WorkerPair = tuple[str, str]  # (sender worker id, receiver worker id)
 

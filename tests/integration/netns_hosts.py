@@ -8,8 +8,9 @@ the same /24 so that the test process reaches every host::
         |-- veth pdsn-<id>-<i> <==> eth0 10.231.N.<i>/24 in namespace pdsn-<id>-<name>
 
 The /24 is one that no interface or route of this machine uses. Cutting a host off is
-``ip link set <its veth> down``. Everything is torn down by ``close``: the processes still
-in a namespace (all of them started by the test) are killed by pid, the namespaces, veths
+``ip link set <its veth> down``; slowing the link toward it, a ``tc`` token bucket filter
+on that veth. Everything is torn down by ``close``: the processes still in a namespace (all
+of them started by the test) are killed by pid, the namespaces, veths (and their filters)
 and the bridge deleted. Needs root (``ip netns add``); ``skip_reason`` says why not.
 """
 
@@ -29,6 +30,10 @@ from pathlib import Path
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+
+
+def _tc(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["tc", *args], capture_output=True, text=True, check=check, timeout=30)
 
 
 def skip_reason() -> str | None:
@@ -80,6 +85,15 @@ class Host:
 
     def reconnect(self) -> None:
         _ip("link", "set", self.link, "up")
+
+    def limit_inbound(self, rate: str) -> None:
+        """Traffic toward this host passes at most ``rate`` (tc's units: ``100mbit``): a
+        token bucket on the bridge end of its veth."""
+        _tc("qdisc", "replace", "dev", self.link, "root", "tbf", "rate", rate,
+            "burst", "32kbit", "latency", "400ms")  # fmt: skip
+
+    def unlimit_inbound(self) -> None:
+        _tc("qdisc", "del", "dev", self.link, "root", check=False)
 
     def sent_bytes(self) -> int:
         """Bytes this host has sent over its link (received by the bridge end)."""

@@ -12,16 +12,13 @@ an environment.
 
 from __future__ import annotations
 
-import contextlib
 import re
-import socket
 import ssl
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import grpc
 import httpx
@@ -31,19 +28,14 @@ import redis
 
 from pdserve.bench.up_process import descendants
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.kv_transfer import (
-    KVPoolLayout,
-    KVSender,
-    TransferConfig,
-    TransferHeader,
-    TransferState,
-    make_sender,
-)
-from pdserve.kv_transfer.metadata import decode_peer
-from pdserve.kv_transfer.peer_process import make_pool
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
-from pdserve.worker.mutual_tls import client_tls
+from tests.integration.auth_probes import (
+    push_without_the_secret,
+    redis_replies,
+    stats_error,
+    worker_stub,
+)
 from tests.integration.certificates import self_signed_certificate
 from tests.integration.cluster_proc import UpProcess, grpc_generate, start_up
 from tests.integration.worker_procs import greedy, offline_llm
@@ -96,27 +88,6 @@ def _expected(prompt: str | list[int]) -> Any:
     return offline_llm().generate([prompt], params)[0]
 
 
-@contextlib.contextmanager
-def _worker(address: str, secret: ClusterSecret | None) -> Iterator[worker_pb2_grpc.WorkerStub]:
-    """A Worker stub as a member (the secret's certificate) or as an outsider (plaintext)."""
-    if secret is None:
-        channel = grpc.insecure_channel(address)
-    else:
-        tls = client_tls(secret)
-        channel = grpc.secure_channel(address, tls.credentials, options=list(tls.options))
-    with channel:
-        yield worker_pb2_grpc.WorkerStub(channel)
-
-
-def _stats_code(address: str, secret: ClusterSecret | None) -> grpc.StatusCode:
-    with _worker(address, secret) as stub:
-        try:
-            stub.GetStats(worker_pb2.StatsRequest(), timeout=10)
-        except grpc.RpcError as err:
-            return err.code()
-    return grpc.StatusCode.OK
-
-
 # -- the front door ---------------------------------------------------------------------
 
 
@@ -141,7 +112,7 @@ def test_grpc_with_a_key_over_tls_runs_prefill_and_decode_on_the_secured_workers
     got = grpc_generate(up.grpc_address, ids, MAX_TOKENS, credentials=credentials, api_key=API_KEY)
     assert got.token_ids == _expected(ids).token_ids
     assert (got.prefill_worker, got.decode_worker) == ("prefill-0", "decode-0")
-    with _worker(workers["decode-0"], secret) as decode:
+    with worker_stub(workers["decode-0"], secret) as decode:
         stats = decode.GetStats(worker_pb2.StatsRequest(), timeout=10)
     assert stats.transfers_ok >= 1 and stats.transfer_bytes > 0  # KV came over the handshake
 
@@ -169,10 +140,10 @@ def test_a_caller_without_the_secret_cannot_use_a_worker(
 ) -> None:
     assert set(workers) == {"prefill-0", "decode-0"}
     for address in workers.values():
-        assert _stats_code(address, secret) is grpc.StatusCode.OK
+        assert stats_error(address, secret)[0] is grpc.StatusCode.OK
         # The TLS handshake refuses it before any RPC: gRPC reports no connection.
-        assert _stats_code(address, None) is grpc.StatusCode.UNAVAILABLE
-        assert _stats_code(address, ClusterSecret.generate()) is grpc.StatusCode.UNAVAILABLE
+        assert stats_error(address, None)[0] is grpc.StatusCode.UNAVAILABLE
+        assert stats_error(address, ClusterSecret.generate())[0] is grpc.StatusCode.UNAVAILABLE
 
 
 def test_a_kv_push_without_the_secret_lands_nothing_and_the_real_transfer_follows(
@@ -181,8 +152,8 @@ def test_a_kv_push_without_the_secret_lands_nothing_and_the_real_transfer_follow
     ids = offline_llm().tokenizer.encode(PROMPT)
     request_id = f"auth-{uuid.uuid4().hex[:8]}"
     with (
-        _worker(workers["decode-0"], secret) as decode,
-        _worker(workers["prefill-0"], secret) as prefill,
+        worker_stub(workers["decode-0"], secret) as decode,
+        worker_stub(workers["prefill-0"], secret) as prefill,
     ):
         reserve = decode.ReserveKV(
             worker_pb2.ReserveKVRequest(request_id=request_id, prompt_token_ids=ids), timeout=30
@@ -190,7 +161,7 @@ def test_a_kv_push_without_the_secret_lands_nothing_and_the_real_transfer_follow
         assert reserve.accepted
         dest = reserve.destination
         before = decode.GetStats(worker_pb2.StatsRequest(), timeout=10)
-        _push_without_the_secret(dest)
+        push_without_the_secret(dest)
         after = decode.GetStats(worker_pb2.StatsRequest(), timeout=10)
         assert (after.transfer_bytes, after.transfers_ok, after.transfers_failed) == (
             before.transfer_bytes,
@@ -200,37 +171,6 @@ def test_a_kv_push_without_the_secret_lands_nothing_and_the_real_transfer_follow
         assert after.transfers_in_flight == before.transfers_in_flight  # still expected
         tokens = _prefill_then_decode(prefill, decode, request_id, ids, dest)
     assert tokens == _expected(ids).token_ids
-
-
-def _push_without_the_secret(dest: worker_pb2.KVDestination) -> None:
-    """Outsiders try to write the reserved blocks: with another cluster's key, with none
-    (refused by the receiver's metadata before connecting), and as a raw header."""
-    peer = decode_peer(dest.agent_metadata, "tcp")
-    assert peer.auth
-    layout = replace(peer.layout, num_blocks=len(dest.block_ids))
-    src = list(range(len(dest.block_ids)))
-    with _outsider(layout, ClusterSecret.generate().kv_transfer_key()) as other_cluster:
-        handle = other_cluster.send(dest.transfer_id, src, dest.agent_metadata, dest.block_ids)
-        assert handle.wait(10) is TransferState.FAILED
-        assert "closed the connection during the KV handshake" in (handle.error or "")
-    with _outsider(layout, None) as keyless, pytest.raises(ValueError, match="requires auth"):
-        keyless.send(dest.transfer_id, src, dest.agent_metadata, dest.block_ids)
-    header = TransferHeader.for_layout(layout, dest.transfer_id, tuple(dest.block_ids), False)
-    with socket.create_connection((peer.fields["host"], peer.fields["port"]), timeout=10) as sock:
-        assert sock.recv(64).startswith(b"PDKA")  # a challenge: the receiver reads no header
-        sock.sendall(header.encode())
-        with contextlib.suppress(ConnectionResetError):
-            assert sock.recv(1024) == b""  # closed without an answer
-
-
-@contextlib.contextmanager
-def _outsider(layout: KVPoolLayout, key: bytes | None) -> Iterator[KVSender]:
-    sender = make_sender("tcp", TransferConfig(timeout_s=10, auth_key=key))
-    sender.register_pool(make_pool(layout, seed=5))
-    try:
-        yield sender
-    finally:
-        sender.close()
 
 
 def _prefill_then_decode(
@@ -265,10 +205,10 @@ def test_redis_refuses_a_client_without_the_password(up: UpProcess) -> None:
     assert url.password, "the embedded Redis runs with a password"
     probe = f"{up.state['key_prefix']}probe"
     read, write = f"GET {probe}", f"SET {probe} x"
-    assert all(r.startswith("-NOAUTH ") for r in _redis_replies(url, read, write))
-    wrong = _redis_replies(url, "AUTH not-the-password", read, write)
+    assert all(r.startswith("-NOAUTH ") for r in redis_replies(url, read, write))
+    wrong = redis_replies(url, "AUTH not-the-password", read, write)
     assert wrong[0].startswith("-WRONGPASS ") and wrong[1].startswith("-NOAUTH "), wrong
-    assert _redis_replies(url, f"AUTH {unquote(url.password)}", write, read) == [
+    assert redis_replies(url, f"AUTH {unquote(url.password)}", write, read) == [
         "+OK",
         "+OK",
         "$1",  # a bulk string of one byte: "x"
@@ -276,14 +216,6 @@ def test_redis_refuses_a_client_without_the_password(up: UpProcess) -> None:
     bare = urlunsplit(url._replace(netloc=f"{url.hostname}:{url.port}"))
     with pytest.raises(redis.AuthenticationError):  # what a redis-py client gets
         redis.Redis.from_url(bare, socket_timeout=5).get(probe)
-
-
-def _redis_replies(url: SplitResult, *commands: str) -> list[str]:
-    """The first line of the server's reply to each inline command, on one connection."""
-    address = (url.hostname or "", url.port or 0)
-    with socket.create_connection(address, timeout=5) as sock, sock.makefile("rb") as replies:
-        sock.sendall("".join(f"{command}\r\n" for command in commands).encode())
-        return [replies.readline().decode().strip() for _ in commands]
 
 
 def test_no_secret_in_a_log_a_command_line_or_an_environment(

@@ -1,16 +1,18 @@
 """pdserve over several hosts: network namespaces on one bridge, each with its own address.
 
-Three hosts (tests/integration/netns_hosts.py), started only with the commands a user runs:
+Four hosts (tests/integration/netns_hosts.py), started only with the commands a user runs:
 
-    head  `pdserve up --head`: Redis, Ray head, router; no workers of its own
+    head  `pdserve up --head --kv-backend tcp`: Redis, Ray head, router; no workers of its own
     pf    `pdserve join HEAD --token-file F --prefill 1 --decode 1 --router`
     dc    `pdserve join HEAD --token-file F --decode 1`
+    ext   on the same network, without the join token or the secret
 
 The cluster is secured as `pdserve up` secures it by default: the join token file carries
 its secret, and the test asks the workers for their figures with the secret's certificate.
 
-Real Ray across the namespaces (token auth), real redis-server, gRPC and NIXL (UCX over TCP,
-``UCX_TLS=tcp``: no shared memory between the "hosts") with the real model. Checked:
+Real Ray across the namespaces (token auth), real redis-server, gRPC and KV over the TCP
+backend (the one that authenticates each connection with the cluster's key) with the real
+model. Checked:
 
 - greedy answers through the head's router equal transformers' greedy, for requests whose
   prefill ran on pf and decode on dc (the registry says where each worker runs), and
@@ -22,9 +24,17 @@ Real Ray across the namespaces (token auth), real redis-server, gRPC and NIXL (U
 - dc cut off (``ip link set ... down``) while it decodes: the request fails over to pf with
   no token lost or repeated, dc's worker leaves the registry within its lease and its index
   entries go, the rest serves; reconnected, dc registers again with a new epoch;
+- ext is refused everywhere, each refusal asserted as such: `pdserve join` without a token
+  (the CLI says what is missing) or with one of its own making (the head's Ray refuses the
+  node's token), any worker's gRPC (the TLS handshake), a KV push into blocks reserved on
+  dc (the KV handshake: nothing lands), Redis (NOAUTH);
+- with dc's link slowed to 100 Mbit/s (tc), the head's router measures each link from the
+  prefill worker's transfer reports and keeps long prompts off the slow one (its /metrics
+  shows both rates);
 - `pdserve leave` drains dc and stops everything it ran there.
 
-And KV blocks between two hosts at the transfer level, over NIXL and over the TCP fallback.
+And KV blocks between two hosts at the transfer level, over NIXL (UCX over TCP, ``UCX_TLS=tcp``:
+no shared memory between the "hosts") and over the TCP backend.
 """
 
 from __future__ import annotations
@@ -38,17 +48,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-import grpc
+import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
+from pdserve.cluster.join_token import JoinToken
 from pdserve.cluster.registry import WorkerRegistry
-from pdserve.proto import worker_pb2, worker_pb2_grpc
+from pdserve.proto import worker_pb2
 from pdserve.proto.redis_keys import RedisKeys
 from pdserve.proto.workers import WorkerInfo
+from pdserve.router.state.link_rates import MIN_MEASURED_BYTES
 from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
-from pdserve.worker.mutual_tls import client_tls
+from tests.integration.auth_probes import worker_stub
 from tests.integration.cluster_proc import GrpcResult, grpc_generate, wait_until
 from tests.integration.netns_hosts import Host, Lan, lan, skip_reason
 
@@ -90,7 +104,7 @@ def hosts() -> Iterator[Lan]:
     if reason is not None:
         print(f"skipping the multi-host tests: {reason}")
         pytest.skip(reason)
-    with lan(("head", "pf", "dc")) as built:
+    with lan(("head", "pf", "dc", "ext")) as built:
         yield built
 
 
@@ -132,8 +146,8 @@ def cluster(
     state_dir = tmp_path_factory.mktemp("multi_host")
     head_state_file = state_dir / "head.json"
     ports = ("--http-port", "0", "--grpc-port", "0")
-    command = (*PDSERVE, "up", "--head", "--name", "head", *ports, "--no-dashboard",
-               *WORKER_ARGS, "--state-file", str(head_state_file))  # fmt: skip
+    command = (*PDSERVE, "up", "--head", "--name", "head", *ports, "--no-dashboard", "--kv-backend",
+               "tcp", *WORKER_ARGS, "--state-file", str(head_state_file))  # fmt: skip
     hosts.hosts["head"].popen(command, ENV, state_dir / "head.log")
     request.getfixturevalue("hf_smollm2")  # the reference loads while the head starts
     head_state = _wait_for_state(head_state_file, state_dir / "head.log")
@@ -183,9 +197,8 @@ def generate(address: str, ids: list[int], max_tokens: int = MAX_TOKENS) -> Grpc
 
 def worker_stats(cluster: Cluster, address: str) -> Any:
     """The worker's GetStats, asked as a member of the cluster (mutual TLS)."""
-    tls = client_tls(cluster.secret)
-    with grpc.secure_channel(address, tls.credentials, options=list(tls.options)) as channel:
-        return worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.StatsRequest(), timeout=10)
+    with worker_stub(address, cluster.secret) as stub:
+        return stub.GetStats(worker_pb2.StatsRequest(), timeout=10)
 
 
 def host_of(worker: WorkerInfo) -> str:
@@ -255,6 +268,88 @@ def test_second_router_on_a_worker_host_answers_the_same(
     assert got.token_ids == generate(cluster.head_state["grpc"], ids).token_ids
 
 
+# -- a host without the secret (ext) --------------------------------------------------
+
+
+def outsider(cluster: Cluster, probe: str, *args: str) -> dict[str, Any]:
+    """What ``probe`` (tests/integration/netns_outsider.py) saw from the outsider host."""
+    out = cluster.host("ext").run((sys.executable, "-m", "tests.integration.netns_outsider",
+                                   probe, *args), ENV)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    result: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
+    return result
+
+
+def test_a_host_without_the_token_cannot_join(cluster: Cluster) -> None:
+    ext, head_address = cluster.host("ext"), cluster.join_args[0]
+    join = (*PDSERVE, "join", head_address, "--name", "ext", "--decode", "1",
+            "--state-file", str(cluster.state_dir / "ext.json"))  # fmt: skip
+    bare = ext.run(join, ENV)
+    assert bare.returncode == 2
+    assert "--token-file (or PDSERVE_JOIN_TOKEN) is required" in bare.stderr
+    # A token of its own making (Redis without the password, another cluster's secret):
+    # the Ray token derived from that secret is not the cluster's, and the head's Ray
+    # refuses the node before anything else happens.
+    real = JoinToken.decode(Path(cluster.join_args[2]).read_text())
+    forged_file = cluster.state_dir / "forged.join-token"
+    other_secret = ClusterSecret.generate().to_text()
+    forged = JoinToken(_without_password(real.redis_url), real.key_prefix, secret=other_secret)
+    forged_file.write_text(forged.encode())
+    refused = ext.run((*join, "--token-file", str(forged_file)), ENV)
+    assert refused.returncode != 0
+    assert "InvalidAuthToken: Authentication token is missing or incorrect" in refused.stderr
+    assert ext.pids() == []
+    assert ext.address not in {host_of(w) for w in cluster.workers().values()}
+
+
+def test_a_host_without_the_secret_cannot_call_a_worker(cluster: Cluster) -> None:
+    addresses = [w.address for w in cluster.workers().values()]
+    worker_hosts = {address.rsplit(":", 1)[0] for address in addresses}
+    assert worker_hosts == {cluster.host("pf").address, cluster.host("dc").address}
+    # No RPC reaches a worker: gRPC sees the connection fail in the TLS handshake.
+    # Plaintext: the server's TLS reads no HTTP/2; another cluster's certificate: the two
+    # sides' CAs do not sign each other's certificates.
+    for address, refused in outsider(cluster, "grpc", *addresses).items():
+        assert refused["plaintext"][0] == "UNAVAILABLE", (address, refused)
+        assert refused["other_cluster"][0] == "UNAVAILABLE", (address, refused)
+        assert "ssl" in refused["other_cluster"][1].lower(), (address, refused)
+
+
+def test_a_kv_push_from_a_host_without_the_secret_lands_nothing(
+    cluster: Cluster, hf_smollm2_tokenizer: Any
+) -> None:
+    decode = cluster.workers()["decode-dc-0"].address
+    ids = hf_smollm2_tokenizer(BASE_PROMPT).input_ids
+    request_id = f"outsider-{time.monotonic_ns()}"
+    with worker_stub(decode, cluster.secret) as stub:
+        reserve = stub.ReserveKV(
+            worker_pb2.ReserveKVRequest(request_id=request_id, prompt_token_ids=ids), timeout=30
+        )
+        assert reserve.accepted
+        before = stub.GetStats(worker_pb2.StatsRequest(), timeout=10)
+        try:
+            pushed = outsider(cluster, "kv", reserve.destination.SerializeToString().hex())
+            after = stub.GetStats(worker_pb2.StatsRequest(), timeout=10)
+        finally:
+            stub.Cancel(worker_pb2.CancelRequest(request_id=request_id), timeout=10)
+    assert pushed == {"refused": True}  # each refusal asserted there (auth_probes.py)
+    counted = ("transfer_bytes", "transfers_ok", "transfers_failed", "transfers_in_flight")
+    assert [getattr(after, f) for f in counted] == [getattr(before, f) for f in counted]
+
+
+def test_redis_refuses_a_host_without_the_password(cluster: Cluster) -> None:
+    probe = f"{cluster.keys.prefix}outsider-probe"
+    refused = outsider(cluster, "redis", _without_password(cluster.head_state["redis_url"]), probe)
+    assert all(r.startswith("-NOAUTH ") for r in refused["replies"]), refused
+    assert refused["client_error"] == "AuthenticationError"
+    assert cluster.redis.get(probe) is None  # the SET did not land
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port}"))
+
+
 def test_a_host_cut_off_is_forgotten_while_the_rest_serves_and_it_rejoins(
     cluster: Cluster, hf_smollm2: Any, hf_smollm2_tokenizer: Any
 ) -> None:
@@ -288,6 +383,35 @@ def test_a_host_cut_off_is_forgotten_while_the_rest_serves_and_it_rejoins(
     dc.reconnect()
     wait_until(lambda: "decode-dc-0" in cluster.workers(), 120, "dc to register again")
     assert cluster.workers()["decode-dc-0"].epoch > old.epoch
+
+
+def test_the_router_learns_a_slow_link_and_keeps_long_prompts_off_it(
+    cluster: Cluster, hf_smollm2_tokenizer: Any
+) -> None:
+    # The link toward dc at 100 Mbit/s; pf's own decode worker is across loopback. Each
+    # prompt differs from its first token, so no cache makes one decode worker cheaper.
+    prompts = [hf_smollm2_tokenizer(f"Log {i}. {BASE_PROMPT * 4}").input_ids for i in range(5)]
+    assert len(prompts[0]) * 46_080 > 2 * MIN_MEASURED_BYTES  # fp32 KV: measured transfers
+    dc = cluster.host("dc")
+    dc.limit_inbound("100mbit")
+    try:
+        served = [generate(cluster.head_state["grpc"], ids, 2).decode_worker for ids in prompts]
+    finally:
+        dc.unlimit_inbound()
+    rates = _link_rates(httpx.get(cluster.head_state["metrics"], timeout=10).text)
+    slow, fast = rates[("prefill-pf-0", "decode-dc-0")], rates[("prefill-pf-0", "decode-pf-0")]
+    assert slow < 100e6 / 8 < fast, rates
+    # A link not measured yet is assumed fast: each is tried, then the slow one avoided.
+    assert "decode-dc-0" in served[:2] and served[2:] == ["decode-pf-0"] * 3, served
+
+
+def _link_rates(exposition: str) -> dict[tuple[str, str], float]:
+    return {
+        (sample.labels["prefill"], sample.labels["decode"]): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == "pdserve_router_link_bytes_per_second"
+    }
 
 
 def test_leave_drains_the_host_and_stops_what_it_ran(cluster: Cluster) -> None:
