@@ -1,4 +1,5 @@
-"""What a caller without the cluster secret tries, and how each attempt is refused.
+"""What a caller without the cluster secret tries, and how each attempt is refused; and the
+real transfer a member then makes into the same reservation.
 
 Shared by the single-host auth tests (test_cluster_auth.py, in the test process) and the
 multi-host ones (test_multi_host.py, from a host of its own: ``python -m
@@ -26,7 +27,7 @@ from pdserve.kv_transfer import (
 )
 from pdserve.kv_transfer.metadata import decode_peer
 from pdserve.kv_transfer.peer_process import make_pool
-from pdserve.proto import worker_pb2, worker_pb2_grpc
+from pdserve.proto import common_pb2, worker_pb2, worker_pb2_grpc
 from pdserve.worker.cluster_secret import ClusterSecret
 from pdserve.worker.mutual_tls import client_tls
 
@@ -82,6 +83,33 @@ def _outsider(layout: KVPoolLayout, key: bytes | None) -> Iterator[KVSender]:
         yield sender
     finally:
         sender.close()
+
+
+def prefill_then_decode(
+    prefill: worker_pb2_grpc.WorkerStub,
+    decode: worker_pb2_grpc.WorkerStub,
+    request_id: str,
+    ids: list[int],
+    dest: worker_pb2.KVDestination,
+    params: common_pb2.SamplingParams,
+) -> list[int]:
+    """The router's steps after ReserveKV, as a member: the real KV transfer, then decode."""
+    events = prefill.Prefill(
+        worker_pb2.PrefillRequest(
+            request_id=request_id, prompt_token_ids=ids, params=params, destination=dest
+        ),
+        timeout=120,
+    )
+    first = next(events).first_token
+    report = next(events).transfer
+    assert report.ok, report.error
+    tokens = list(first.token_ids)
+    decode_request = worker_pb2.DecodeRequest(
+        request_id=request_id, prompt_token_ids=ids, params=params, first_token=first
+    )
+    for chunk in decode.Decode(decode_request, timeout=120):
+        tokens += chunk.token_ids
+    return tokens
 
 
 def redis_replies(url: SplitResult, *commands: str) -> list[str]:

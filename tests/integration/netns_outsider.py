@@ -4,8 +4,8 @@
     python -m tests.integration.netns_outsider kv DESTINATION_HEX
     python -m tests.integration.netns_outsider redis REDIS_URL_WITHOUT_PASSWORD KEY
 
-Run on the test's outsider host (a network namespace of its own, tests/integration/
-netns_hosts.py), each prints one JSON line of what happened; the test asserts on it.
+Run on the test's outsider host (a network namespace of its own, bench/netns_hosts.py),
+each prints one JSON line of what happened; the test asserts on it.
 ``grpc``: GetStats' code and details in plaintext and with another cluster's certificate.
 ``kv``: ``auth_probes.push_without_the_secret`` against a reserved destination (its own
 assertions end the program with an error). ``redis``: the replies to GET and SET without

@@ -28,9 +28,10 @@ import redis
 
 from pdserve.bench.up_process import descendants
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.proto import worker_pb2, worker_pb2_grpc
+from pdserve.proto import worker_pb2
 from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
 from tests.integration.auth_probes import (
+    prefill_then_decode,
     push_without_the_secret,
     redis_replies,
     stats_error,
@@ -169,35 +170,8 @@ def test_a_kv_push_without_the_secret_lands_nothing_and_the_real_transfer_follow
             before.transfers_failed,
         )
         assert after.transfers_in_flight == before.transfers_in_flight  # still expected
-        tokens = _prefill_then_decode(prefill, decode, request_id, ids, dest)
+        tokens = prefill_then_decode(prefill, decode, request_id, ids, dest, greedy(MAX_TOKENS))
     assert tokens == _expected(ids).token_ids
-
-
-def _prefill_then_decode(
-    prefill: worker_pb2_grpc.WorkerStub,
-    decode: worker_pb2_grpc.WorkerStub,
-    request_id: str,
-    ids: list[int],
-    dest: worker_pb2.KVDestination,
-) -> list[int]:
-    """The router's steps after ReserveKV, as a member: the real KV transfer, then decode."""
-    params = greedy(MAX_TOKENS)
-    events = prefill.Prefill(
-        worker_pb2.PrefillRequest(
-            request_id=request_id, prompt_token_ids=ids, params=params, destination=dest
-        ),
-        timeout=120,
-    )
-    first = next(events).first_token
-    report = next(events).transfer
-    assert report.ok, report.error
-    tokens = list(first.token_ids)
-    decode_request = worker_pb2.DecodeRequest(
-        request_id=request_id, prompt_token_ids=ids, params=params, first_token=first
-    )
-    for chunk in decode.Decode(decode_request, timeout=120):
-        tokens += chunk.token_ids
-    return tokens
 
 
 def test_redis_refuses_a_client_without_the_password(up: UpProcess) -> None:

@@ -1,4 +1,4 @@
-"""Hosts for the multi-host tests: Linux network namespaces on one bridge.
+"""Hosts for the multi-host tests and benchmarks: Linux network namespaces on one bridge.
 
 Each host is a network namespace with its own network stack (interfaces, routes, ports) and
 one address; a veth pair links it to a bridge in this namespace, which gets an address of
