@@ -1,0 +1,107 @@
+"""The ``cuda-triton`` attention backend: the Triton kernels of this package behind
+:class:`AttentionBackend` (store, then prefill chunks and decode tokens in one launch each).
+
+It reads pools of the model's dtype (fp32, bf16, fp16) and refuses an int8 pool with a
+ValueError; token trees (speculative verification) of up to 64 rows are masked by ancestry
+inside the prefill kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from pdserve.engine.attention.base import AttentionMetadata, StepLayout, step_metadata
+from pdserve.engine.attention.triton.decode import attend_decodes
+from pdserve.engine.attention.triton.plan import TritonStepPlan, plan_step
+from pdserve.engine.attention.triton.prefill import attend_prefills
+from pdserve.engine.attention.triton.store import store_kv
+
+if TYPE_CHECKING:
+    from pdserve.engine.attention.native import BoundDecode
+
+
+@dataclass(slots=True, frozen=True)
+class TritonTiles:
+    """Tile sizes of the kernels (powers of two of at least 16: ``tl.dot``'s minimum).
+
+    The defaults are first guesses for a GPU, NOT tuned: these kernels have not yet run on
+    one. Tests shrink them so small shapes still cross tiles and splits.
+    """
+
+    query_rows: int = 64  # prefill tile rows: query tokens times the heads of a kv group
+    key_tokens: int = 64  # keys per inner step, both kernels
+    split_tokens: int = 512  # about this many keys per decode split
+    max_splits: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("query_rows", "key_tokens"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+        if self.split_tokens < 1 or self.max_splits < 1:
+            raise ValueError(
+                f"split_tokens and max_splits must be >= 1, got {self.split_tokens}, "
+                f"{self.max_splits}"
+            )
+
+
+class TritonAttentionBackend:
+    """Paged attention in Triton kernels (see the package docstring)."""
+
+    name = "cuda-triton"
+
+    def __init__(self, tiles: TritonTiles) -> None:
+        self.tiles = tiles
+
+    def build_metadata(
+        self, layout: StepLayout, block_size: int, num_layers: int, device: torch.device
+    ) -> AttentionMetadata:
+        tiles = self.tiles
+        plan = plan_step(layout, device, tiles.key_tokens, tiles.split_tokens, tiles.max_splits)
+        return step_metadata(layout, block_size, num_layers, device, self, plan)
+
+    def bind_native_decode(
+        self, attn: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype, num_heads: int
+    ) -> BoundDecode | None:
+        return None  # no C kernel here: the model's modules call forward
+
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, KVH, D]
+        v: torch.Tensor,  # [T, KVH, D]
+        kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D]
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        plan = attn.backend_data
+        assert isinstance(plan, TritonStepPlan), f"metadata built by {attn.backend.name}"
+        _check_pool(q, kv_cache)
+        store_kv(kv_cache, layer_idx, attn.slot_mapping, k, v)
+        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])  # [T, H * D]
+        if plan.num_prefills:
+            tiles = self.tiles
+            attend_prefills(q, kv_cache, layer_idx, plan, out, tiles.query_rows, tiles.key_tokens)
+        if plan.num_decodes:
+            attend_decodes(q, kv_cache, layer_idx, plan, out, self.tiles.key_tokens)
+        return out
+
+
+def _check_pool(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    """ValueError for a pool the kernels do not read; assert on broken shapes."""
+    if kv_cache.dtype == torch.int8:
+        raise ValueError(
+            "attention backend 'cuda-triton' reads K/V in the model's dtype and has no int8 "
+            "pool path; use kv_cache_dtype 'auto' with it (int8 pools run on the cpu backends)"
+        )
+    if kv_cache.dtype != q.dtype:
+        raise ValueError(
+            f"attention backend 'cuda-triton' needs a pool of the queries' dtype, got a "
+            f"{kv_cache.dtype} pool for {q.dtype} queries"
+        )
+    num_heads, kv_heads = q.shape[1], kv_cache.shape[4]
+    assert num_heads % kv_heads == 0, f"{num_heads} query heads over {kv_heads} kv heads"
+    assert q.stride(2) == 1, "query rows must be dense"
