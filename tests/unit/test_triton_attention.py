@@ -17,8 +17,20 @@ from types import ModuleType
 import pytest
 import torch
 
-from pdserve.engine.attention.base import layout_chunks, tree_mask
+from pdserve.engine.attention import get_backend, registry
+from pdserve.engine.attention.base import (
+    AttentionBackend,
+    layout_chunks,
+    token_positions,
+    tree_mask,
+)
+from pdserve.engine.attention.cuda import FlashAttnBackend
+from pdserve.engine.attention.registry import auto_backend
+from pdserve.engine.model.llama import LlamaModel
+from pdserve.engine.runner import allocate_kv_cache
+from pdserve.engine.scheduler import ScheduledChunk
 from tests.triton_interpreter import interpreted_kernels
+from tests.unit.test_packed_linear import TINY, tiny_model
 
 NUM_LAYERS, LAYER, BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM, NUM_BLOCKS = 2, 1, 4, 2, 4, 16, 40
 # Tolerances per dtype: the reference sees the same rounded inputs; the kernel rounds the
@@ -198,3 +210,66 @@ def test_refuses_a_tree_wider_than_its_ancestor_bits(triton_backend: ModuleType)
 def test_tiles_must_be_powers_of_two_of_at_least_16(triton_backend: ModuleType) -> None:
     with pytest.raises(ValueError, match="key_tokens must be a power of two >= 16, got 24"):
         triton_backend.TritonTiles(key_tokens=24)
+
+
+def test_auto_picks_cuda_triton_on_cuda_unless_flash_attn_suits_the_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cuda = torch.device("cuda")
+    assert auto_backend(torch.device("cpu"), 256) == "cpu"
+    assert auto_backend(cuda, None) == "cuda-triton"
+    installed = {"flash_attn": True}
+    monkeypatch.setattr(
+        registry.importlib.util, "find_spec", lambda name: object() if installed[name] else None
+    )
+    assert auto_backend(cuda, 512) == "flash_attn"
+    assert auto_backend(cuda, 16) == "cuda-triton"  # flash-attn would refuse 16
+    installed["flash_attn"] = False
+    assert auto_backend(cuda, 512) == "cuda-triton"
+
+
+def test_flash_attn_refuses_blocks_it_cannot_read_in_place() -> None:
+    backend = FlashAttnBackend(lambda *args, **kwargs: None)
+    case = make_case([(3, 2)], torch.float32, seed=4)
+    meta = backend.build_metadata(
+        layout_chunks(case.chunks, BLOCK_SIZE), BLOCK_SIZE, NUM_LAYERS, torch.device("cpu")
+    )
+    k, v = case.new_kv()
+    with pytest.raises(ValueError, match=r"multiples of 256 \(256, 512, ...\), got 4"):
+        backend.forward(LAYER, case.q, k, v, case.pool, meta)
+
+
+def test_the_engine_model_gives_the_cpu_backend_logits(triton_backend: ModuleType) -> None:
+    """A random tiny Llama through the engine's model code (norms, RoPE, layers), two steps:
+    a prefill, then a decode token beside a chunk after a cached prefix; the logits match
+    those of the CPU backend."""
+    model = tiny_model(seed=11)
+    triton = triton_backend.TritonAttentionBackend(
+        triton_backend.TritonTiles(query_rows=16, key_tokens=16, split_tokens=16)
+    )
+    cpu = get_backend("cpu-grouped")
+    steps = [
+        [ScheduledChunk("a", (5, 9, 2, 31, 7, 7, 40, 3, 1), 0, (3, 0, 5), sample=True)],
+        [
+            ScheduledChunk("a", (12,), 9, (3, 0, 5), sample=True),
+            ScheduledChunk("b", (8, 8, 21, 4, 17), 6, (1, 6, 2, 7), sample=True),
+        ],
+    ]
+    logits = {}
+    for name, backend in (("triton", triton), ("cpu", cpu)):
+        pool = allocate_kv_cache(TINY, num_blocks=8, block_size=4)
+        pool[1:3] = torch.randn(pool[1:3].shape, generator=torch.Generator().manual_seed(0))
+        logits[name] = [_step_logits(model, backend, step, pool) for step in steps]
+    for got, expected in zip(logits["triton"], logits["cpu"], strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def _step_logits(
+    model: LlamaModel, backend: AttentionBackend, chunks: list[ScheduledChunk], pool: torch.Tensor
+) -> torch.Tensor:
+    layout = layout_chunks(chunks, 4)
+    attn = backend.build_metadata(layout, 4, TINY.num_layers, pool.device)
+    ids = torch.tensor([t for c in chunks for t in c.token_ids])
+    with torch.inference_mode():
+        hidden = model(ids, torch.tensor(token_positions(layout)), attn, pool)
+        return model.compute_logits(hidden)
