@@ -160,10 +160,6 @@ def _padded_table(layout: StepLayout, device: torch.device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32, device=device)
 
 
-
-
-
-
 def _tree_chunks(
     layout: StepLayout, block_size: int, num_layers: int, device: torch.device
 ) -> tuple[_TreeChunk, ...]:
@@ -197,4 +193,3 @@ def _gather_prefix(
     keys = gather_view.index_select(0, k_rows).view(-1, kv_heads, head_dim)[: tree.prefix_len]
     values = gather_view.index_select(0, k_rows + 1).view(-1, kv_heads, head_dim)
     return keys.transpose(0, 1), values[: tree.prefix_len].transpose(0, 1)
-

@@ -64,7 +64,7 @@ def auto_backend(device: torch.device, block_size: int | None) -> str:
         return "cpu"
     from pdserve.engine.attention.cuda import flash_attn_reads_blocks_of
 
-    if block_size is not None and flash_attn_reads_blocks_of(block_size):
-        if importlib.util.find_spec("flash_attn") is not None:  # found, not imported
-            return "flash_attn"
+    suits_flash_attn = block_size is not None and flash_attn_reads_blocks_of(block_size)
+    if suits_flash_attn and importlib.util.find_spec("flash_attn") is not None:  # not imported
+        return "flash_attn"
     return "cuda-triton"

@@ -114,7 +114,6 @@ def fused_ops() -> FusedOps | None:
     return None if library is None else FusedOps(library)
 
 
-
 def _rms_norm_layout(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Dense rows ``[T, hidden]`` and a dense ``[hidden]`` weight (both kernels' layout)."""
     return (

@@ -50,7 +50,9 @@ def _rope_kernel(
     head = tl.arange(0, BLOCK_HEADS)[:, None]
     i = tl.arange(0, BLOCK_HALF)[None, :]
     ok = (head < HEADS) & (i < HALF)
-    first = x_ptr + token * x_token_stride + head * x_head_stride + i  # x[i], paired with x[i + d/2]
+    first = (
+        x_ptr + token * x_token_stride + head * x_head_stride + i
+    )  # x[i], paired with x[i + d/2]
     x1 = tl.load(first, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(first + HALF, mask=ok, other=0.0).to(tl.float32)
     cos = tl.load(cos_ptr + token * HALF + i, mask=i < HALF, other=0.0).to(tl.float32)

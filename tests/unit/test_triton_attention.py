@@ -166,7 +166,9 @@ def test_token_tree_rows_attend_the_prefix_and_their_ancestors(
 ) -> None:
     parents = (-1, 0, 0, 1, 2, 1, 5)  # two branches, one of depth 3
     case = make_case([(9, 1), (0, 4), (6, len(parents))], torch.float32, seed=5, parents=parents)
-    torch.testing.assert_close(run(triton_backend, case), reference(case), **TOLERANCES[torch.float32])
+    torch.testing.assert_close(
+        run(triton_backend, case), reference(case), **TOLERANCES[torch.float32]
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -195,8 +197,11 @@ def test_store_writes_each_token_to_its_slot_and_nothing_else(
 def test_refuses_an_int8_pool_and_a_pool_of_another_dtype(triton_backend: ModuleType) -> None:
     case = make_case([(0, 3)], torch.float32, seed=1)
     with pytest.raises(ValueError, match="no int8 pool path"):
-        run(triton_backend, Case(case.chunks, case.keys, case.values, case.q, case.pool.to(torch.int8)))
-    with pytest.raises(ValueError, match="bfloat16 pool for torch.float32 queries"):
+        run(
+            triton_backend,
+            Case(case.chunks, case.keys, case.values, case.q, case.pool.to(torch.int8)),
+        )
+    with pytest.raises(ValueError, match=r"bfloat16 pool for torch\.float32 queries"):
         run(triton_backend, Case(case.chunks, case.keys, case.values, case.q, case.pool.bfloat16()))
 
 

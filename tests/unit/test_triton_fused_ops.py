@@ -77,4 +77,3 @@ def test_rms_norm_matches_torch(ops: ModuleType, dtype: torch.dtype, tokens: int
     else:  # the sum rarely moves a rounding (fp16), then by one step; bf16: INTERPRETER_BF16
         step = 2 * 2**-7 if dtype == torch.bfloat16 else 2**-10
         torch.testing.assert_close(got.float(), expected.float(), rtol=step, atol=0.0)
-

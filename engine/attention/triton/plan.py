@@ -97,10 +97,17 @@ def plan_step(
     ]
     ints = torch.tensor(packed, dtype=torch.int32, device=device)
     sizes = [num_chunks + 1, num_chunks, num_chunks, num_chunks, len(prefills), len(decodes)]
-    *heads, tables = ints.split([*sizes, num_chunks * width])
+    query_start, starts, lens, trees, prefill, decode, tables = ints.split(
+        [*sizes, num_chunks * width]
+    )
     max_decode_context = max((layout.context_lens[c] for c in decodes), default=0)
     return TritonStepPlan(
-        *heads,
+        query_start=query_start,
+        start_positions=starts,
+        context_lens=lens,
+        chunk_is_tree=trees,
+        prefill_chunks=prefill,
+        decode_chunks=decode,
         block_tables=tables.view(num_chunks, width),
         max_prefill_tokens=max((lengths[c] for c in prefills), default=0),
         decode_splits=decode_splits(max_decode_context, key_tile, split_tokens, max_splits),

@@ -100,7 +100,10 @@ def dot_options(dtype: torch.dtype) -> dict[str, object]:
     bf16, so the interpreter tests do not cover that one operand type.
     """
     dot_fp32 = INTERPRETED and dtype == torch.bfloat16
-    return {"PRECISION": "ieee" if dtype == torch.float32 or dot_fp32 else None, "DOT_FP32": dot_fp32}
+    return {
+        "PRECISION": "ieee" if dtype == torch.float32 or dot_fp32 else None,
+        "DOT_FP32": dot_fp32,
+    }
 
 
 def softmax_scale_log2(head_dim: int) -> float:
