@@ -8,7 +8,10 @@ a kernel runs under the interpreter only if Triton itself was imported with the 
 compiled extension) and the kernel packages afresh, and on exit puts back the flag and every
 module that was there before: nothing decorated for the interpreter outlives the tests that
 asked for it (a later GPU test in the same process gets compiled kernels), and nothing
-imported earlier without the flag reaches these tests.
+imported earlier without the flag reaches these tests. The interpreted modules retire under
+private names in ``sys.modules`` rather than out of it: shutdown then tears them down with
+the rest, where dropped ones would outlive Triton's extension (nanobind reports them as
+leaks at exit).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from types import ModuleType
 
 import pytest
 
+RETIRED_PREFIX = "_triton_interpreted_"
 KERNEL_PACKAGES = ("pdserve.engine.attention.triton", "pdserve.engine.model.triton_ops")
 
 
@@ -57,7 +61,7 @@ def interpreted_kernels(*module_names: str) -> Iterator[list[ModuleType]]:
         else:
             os.environ["TRITON_INTERPRET"] = saved_flag
         for name in [n for n in sys.modules if _decorated_at_import(n)]:
-            del sys.modules[name]
+            sys.modules[f"{RETIRED_PREFIX}{id(saved)}.{name}"] = sys.modules.pop(name)
         sys.modules.update(saved)
         for package in KERNEL_PACKAGES:  # the parent package's attribute follows sys.modules
             parent_name, _, child = package.rpartition(".")
