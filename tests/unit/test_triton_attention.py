@@ -9,6 +9,7 @@ after cached prefixes, grouped-query heads (4 over 2), a non-zero layer of the p
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,10 +26,12 @@ from pdserve.engine.attention.base import (
     tree_mask,
 )
 from pdserve.engine.attention.cuda import FlashAttnBackend
+from pdserve.engine.attention.kv_format import INT8
 from pdserve.engine.attention.registry import auto_backend
 from pdserve.engine.model.llama import LlamaModel
 from pdserve.engine.runner import allocate_kv_cache
 from pdserve.engine.scheduler import ScheduledChunk
+from pdserve.kv_codec import quantize_rows
 from tests.triton_interpreter import interpreted_kernels
 from tests.unit.test_packed_linear import TINY, tiny_model
 
@@ -194,15 +197,24 @@ def test_store_writes_each_token_to_its_slot_and_nothing_else(
     assert torch.equal(case.pool, expected)
 
 
-def test_refuses_an_int8_pool_and_a_pool_of_another_dtype(triton_backend: ModuleType) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_an_int8_pool_reads_as_its_dequantized_values(
+    triton_backend: ModuleType, dtype: torch.dtype
+) -> None:
+    """Rows quantized by the store (the step's K/V) and before it (the prefixes, the pool's
+    noise) are read back dequantized: the reference sees K/V as the pool stores them."""
+    case = make_case(CASES["mixed"], dtype, seed=9)
+    got = run(triton_backend, dataclasses.replace(case, pool=quantize_rows(case.pool)))
+    keys = [INT8.as_stored(k) for k in case.keys]
+    values = [INT8.as_stored(v) for v in case.values]
+    expected = reference(dataclasses.replace(case, keys=keys, values=values))
+    torch.testing.assert_close(got.float(), expected, **TOLERANCES[dtype])
+
+
+def test_refuses_a_pool_of_another_dtype(triton_backend: ModuleType) -> None:
     case = make_case([(0, 3)], torch.float32, seed=1)
-    with pytest.raises(ValueError, match="no int8 pool path"):
-        run(
-            triton_backend,
-            Case(case.chunks, case.keys, case.values, case.q, case.pool.to(torch.int8)),
-        )
-    with pytest.raises(ValueError, match=r"bfloat16 pool for torch\.float32 queries"):
-        run(triton_backend, Case(case.chunks, case.keys, case.values, case.q, case.pool.bfloat16()))
+    with pytest.raises(ValueError, match=r"got a torch\.bfloat16 pool for torch\.float32 queries"):
+        run(triton_backend, dataclasses.replace(case, pool=case.pool.bfloat16()))
 
 
 def test_refuses_a_tree_wider_than_its_ancestor_bits(triton_backend: ModuleType) -> None:

@@ -1,11 +1,14 @@
 """Paged attention on CUDA in Triton kernels (FlashAttention-style: tiled, online softmax,
 fp32 accumulation) reading the KV pool in place through the block tables.
 
-* ``store.py``: a step's new K/V into their pool slots;
+* ``store.py``: a step's new K/V into their pool slots (an int8 pool is written by
+  ``base.write_kv``, which quantizes);
 * ``prefill.py``: the multi-token chunks of a step, causal after a cached prefix (or by
   ancestry for a token tree), grouped-query heads packed into one tile;
 * ``decode.py``: one query token per sequence, split along the context (split-K), the
   splits merged by log-sum-exp in a second kernel;
+* ``tiles.py``: the inner loop both attention kernels share (and an int8 pool's
+  dequantization);
 * ``plan.py``: the per-step index tensors, built once per step on the host;
 * ``backend.py``: the :class:`AttentionBackend` over them.
 

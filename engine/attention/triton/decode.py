@@ -62,6 +62,7 @@ def _decode_split_kernel(
     BLOCK_KEYS: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    INT8_ROWS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -86,7 +87,7 @@ def _decode_split_kernel(
     acc, row_max, row_sum = attend_keys(
         acc, row_max, row_sum, q, kv_base, tables_ptr + chunk * table_stride, key_begin,
         key_end, g, g, 0, pool_block_stride, pool_kv_stride, pool_slot_stride, scale_log2,
-        BLOCK_SIZE, HEAD_DIM, BLOCK_D, BLOCK_KEYS, MASK_NONE, PRECISION, DOT_FP32,
+        BLOCK_SIZE, HEAD_DIM, BLOCK_D, BLOCK_KEYS, MASK_NONE, PRECISION, DOT_FP32, INT8_ROWS,
     )  # fmt: skip
     out = acc / tl.where(row_sum == 0.0, 1.0, row_sum)[:, None]
     if not SPLIT:
@@ -134,7 +135,7 @@ def _merge_splits_kernel(
 
 def attend_decodes(
     q: torch.Tensor,  # [T, H, D]
-    kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D]
+    kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, row]
     layer_idx: int,
     plan: TritonStepPlan,
     out: torch.Tensor,  # [T, H * D]: the rows of one-token chunks are written
@@ -177,7 +178,7 @@ def attend_decodes(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_KEYS=block_keys,
-        **dot_options(q.dtype),
+        **dot_options(q.dtype, kv_cache),
     )
     if splits.num_splits == 1:
         return

@@ -61,6 +61,7 @@ def _prefill_kernel(
     HAS_TREES: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    INT8_ROWS: tl.constexpr,
 ):
     chunk = tl.load(prefill_chunks_ptr + tl.program_id(0))
     first = tl.program_id(1) * TILE_TOKENS  # chunk row of the tile's first token
@@ -96,13 +97,13 @@ def _prefill_kernel(
         acc, row_max, row_sum = attend_keys(
             acc, row_max, row_sum, q, kv_base, table, 0, context, start + row, ancestors,
             start, pool_block_stride, pool_kv_stride, pool_slot_stride, scale_log2,
-            BLOCK_SIZE, HEAD_DIM, BLOCK_D, BLOCK_KEYS, MASK_TREE, PRECISION, DOT_FP32,
+            BLOCK_SIZE, HEAD_DIM, BLOCK_D, BLOCK_KEYS, MASK_TREE, PRECISION, DOT_FP32, INT8_ROWS,
         )  # fmt: skip
     else:
         acc, row_max, row_sum = attend_keys(
             acc, row_max, row_sum, q, kv_base, table, 0, start + last_token + 1, start + row,
             row, start, pool_block_stride, pool_kv_stride, pool_slot_stride, scale_log2,
-            BLOCK_SIZE, HEAD_DIM, BLOCK_D, BLOCK_KEYS, MASK_CAUSAL, PRECISION, DOT_FP32,
+            BLOCK_SIZE, HEAD_DIM, BLOCK_D, BLOCK_KEYS, MASK_CAUSAL, PRECISION, DOT_FP32, INT8_ROWS,
         )  # fmt: skip
 
     out = acc / tl.where(row_sum == 0.0, 1.0, row_sum)[:, None]
@@ -112,7 +113,7 @@ def _prefill_kernel(
 
 def attend_prefills(
     q: torch.Tensor,  # [T, H, D]
-    kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, D]
+    kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, row]
     layer_idx: int,
     plan: TritonStepPlan,
     out: torch.Tensor,  # [T, H * D]: the rows of prefill chunks are written
@@ -153,5 +154,5 @@ def attend_prefills(
         BLOCK_ROWS=max(16, triton.next_power_of_2(tile_tokens * group)),
         BLOCK_KEYS=block_keys,
         HAS_TREES=ancestors is not None,
-        **dot_options(q.dtype),
+        **dot_options(q.dtype, kv_cache),
     )

@@ -9,7 +9,9 @@ below keeps its ``exp2(-inf - -inf)`` from becoming NaN.
 Key ``p``'s K row is at ``kv_base + table[p // BLOCK_SIZE] * block_stride + (p % BLOCK_SIZE)
 * slot_stride`` (``kv_base`` already holds the layer and kv head); its V row ``kv_stride``
 further. Each key of a tile looks its block up on its own, so any block size works and a
-tile may straddle blocks.
+tile may straddle blocks. Over an int8 pool a row is ``HEAD_DIM`` int8 values and then their
+bf16 scale (``kv_format.py``): a tile's rows are dequantized to the queries' dtype as they
+are read, as the torch paths dequantize what they gather.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def attend_keys(
     MASK: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    INT8_ROWS: tl.constexpr,  # the pool holds int8 rows and their scales (kv_format.py)
 ):
+    values_dtype = q.dtype  # what K/V are read as (an int8 pool's rows dequantized to it)
     if DOT_FP32:
         q = q.to(tl.float32)
     dim = tl.arange(0, BLOCK_D)
@@ -64,6 +68,8 @@ def attend_keys(
         rows = kv_base + block * block_stride + (key % BLOCK_SIZE) * slot_stride  # [KEYS]
         kv_ok = key_ok[None, :] & dim_ok[:, None]
         k = tl.load(rows[None, :] + dim[:, None], mask=kv_ok, other=0.0)  # [BLOCK_D, KEYS]
+        if INT8_ROWS:
+            k = (k.to(tl.float32) * row_scales(rows, key_ok, HEAD_DIM)[None, :]).to(values_dtype)
         if DOT_FP32:
             k = k.to(tl.float32)
         scores = tl.dot(q, k, input_precision=PRECISION) * scale_log2  # [ROWS, KEYS]
@@ -83,6 +89,9 @@ def attend_keys(
         row_sum = row_sum * rescale + tl.sum(probs, axis=1)
         v_ok = key_ok[:, None] & dim_ok[None, :]
         v = tl.load(rows[:, None] + kv_stride + dim[None, :], mask=v_ok, other=0.0)  # [KEYS, D]
+        if INT8_ROWS:
+            v_scales = row_scales(rows + kv_stride, key_ok, HEAD_DIM)
+            v = (v.to(tl.float32) * v_scales[:, None]).to(values_dtype)
         weights = probs.to(v.dtype)  # rounded to the K/V dtype, as FlashAttention does
         if DOT_FP32:
             weights, v = weights.to(tl.float32), v.to(tl.float32)
@@ -91,8 +100,19 @@ def attend_keys(
     return acc, row_max, row_sum
 
 
-def dot_options(dtype: torch.dtype) -> dict[str, object]:
-    """The ``PRECISION`` and ``DOT_FP32`` constants of :func:`attend_keys` for ``dtype``.
+@triton.jit
+def row_scales(row_ptrs, ok, HEAD_DIM: tl.constexpr):
+    """The bf16 scale after each int8 row's ``HEAD_DIM`` values, as fp32: its two bytes
+    (little-endian) are the high half of the fp32's bits."""
+    low = tl.load(row_ptrs + HEAD_DIM, mask=ok, other=0).to(tl.uint8, bitcast=True)
+    high = tl.load(row_ptrs + HEAD_DIM + 1, mask=ok, other=0).to(tl.uint8, bitcast=True)
+    bits = (high.to(tl.uint32) << 24) | (low.to(tl.uint32) << 16)
+    return bits.to(tl.float32, bitcast=True)
+
+
+def dot_options(dtype: torch.dtype, pool: torch.Tensor) -> dict[str, object]:
+    """The ``PRECISION``, ``DOT_FP32`` and ``INT8_ROWS`` constants of :func:`attend_keys` for
+    queries of ``dtype`` over ``pool``.
 
     fp32 products run in full fp32 (Triton's default rounds fp32 inputs to tf32). Under the
     interpreter, bf16 operands are widened to fp32 first (exact): its ``tl.dot`` multiplies
@@ -103,6 +123,7 @@ def dot_options(dtype: torch.dtype) -> dict[str, object]:
     return {
         "PRECISION": "ieee" if dtype == torch.float32 or dot_fp32 else None,
         "DOT_FP32": dot_fp32,
+        "INT8_ROWS": pool.dtype == torch.int8,
     }
 
 
