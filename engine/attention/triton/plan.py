@@ -2,13 +2,13 @@
 
 Every int32 index goes to the device in ONE copy (a packed tensor, sliced into views)::
 
+    block_tables    [C, W]    each chunk's blocks, padded with 0 to the widest (W)
     query_start     [C + 1]   first flat token of each chunk (and the total)
     start_positions [C]       cached positions before each chunk
     context_lens    [C]       start + tokens: the keys each chunk's last token sees
     chunk_is_tree   [C]       1 for a token tree (rows attend by ancestry), else 0
     prefill_chunks  [P]       the chunks of several tokens (prefill kernel)
     decode_chunks   [B]       the chunks of one token (decode kernel)
-    block_tables    [C, W]    each chunk's blocks, padded with 0 to the widest (W)
 
 A key position ``p`` of chunk ``c`` lives in block ``block_tables[c, p // block_size]`` at
 offset ``p % block_size`` (``base.py``); the padding is never read (kernels stop at
@@ -87,18 +87,18 @@ def plan_step(
     width = max((len(t) for t in layout.block_tables), default=1)
     is_tree = [int(bool(layout.tree_parents(c))) for c in range(num_chunks)]
     packed = [
+        *(b for t in layout.block_tables for b in (*t, *(0,) * (width - len(t)))),
         *layout.query_start_loc,
         *layout.start_positions,
         *layout.context_lens,
         *is_tree,
         *prefills,
         *decodes,
-        *(b for t in layout.block_tables for b in (*t, *(0,) * (width - len(t)))),
     ]
     ints = torch.tensor(packed, dtype=torch.int32, device=device)
     sizes = [num_chunks + 1, num_chunks, num_chunks, num_chunks, len(prefills), len(decodes)]
-    query_start, starts, lens, trees, prefill, decode, tables = ints.split(
-        [*sizes, num_chunks * width]
+    tables, query_start, starts, lens, trees, prefill, decode = ints.split(
+        [num_chunks * width, *sizes]
     )
     max_decode_context = max((layout.context_lens[c] for c in decodes), default=0)
     return TritonStepPlan(
