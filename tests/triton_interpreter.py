@@ -25,8 +25,12 @@ from contextlib import contextmanager
 from types import ModuleType
 
 import pytest
+import torch
 
 RETIRED_PREFIX = "_triton_interpreted_"
+# How a test module runs its kernels: under the interpreter on CPU tensors (everywhere), and
+# compiled on a GPU where there is one.
+MODES = ("interpreter", "cuda") if torch.cuda.is_available() else ("interpreter",)
 KERNEL_PACKAGES = ("pdserve.engine.attention.triton", "pdserve.engine.model.triton_ops")
 
 
@@ -72,3 +76,14 @@ def interpreted_kernels(*module_names: str) -> Iterator[list[ModuleType]]:
                 setattr(parent, child, saved[package])
             elif hasattr(parent, child):
                 delattr(parent, child)
+
+
+@contextmanager
+def kernels_for(mode: str, *module_names: str) -> Iterator[tuple[list[ModuleType], torch.device]]:
+    """``module_names`` and the device their tensors live on, for one of :data:`MODES`."""
+    if mode == "interpreter":
+        with interpreted_kernels(*module_names) as modules:
+            yield modules, torch.device("cpu")
+        return
+    require_triton()
+    yield [importlib.import_module(name) for name in module_names], torch.device("cuda")

@@ -9,11 +9,13 @@ after cached prefixes, grouped-query heads (4 over 2), a non-zero layer of the p
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -32,7 +34,7 @@ from pdserve.engine.model.llama import LlamaModel
 from pdserve.engine.runner import allocate_kv_cache
 from pdserve.engine.scheduler import ScheduledChunk
 from pdserve.kv_codec import quantize_rows
-from tests.triton_interpreter import interpreted_kernels
+from tests.triton_interpreter import MODES, kernels_for
 from tests.unit.test_packed_linear import TINY, tiny_model
 
 NUM_LAYERS, LAYER, BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM, NUM_BLOCKS = 2, 1, 4, 2, 4, 16, 40
@@ -114,20 +116,34 @@ def reference(case: Case) -> torch.Tensor:
     return torch.cat(outs)
 
 
-@pytest.fixture(scope="module")
-def triton_backend() -> Iterator[ModuleType]:
-    with interpreted_kernels("pdserve.engine.attention.triton.backend") as (module,):
-        yield module
+class Kernels(NamedTuple):
+    backend: ModuleType  # pdserve.engine.attention.triton.backend
+    device: torch.device
+
+    def tiled(self, **tiles: int) -> Any:
+        """A backend with tiles small enough for these shapes to cross them."""
+        sizes = {"query_rows": 16, "key_tokens": 16, "split_tokens": 16, "max_splits": 8}
+        return self.backend.TritonAttentionBackend(self.backend.TritonTiles(**sizes | tiles))
 
 
-def run(backend_module: ModuleType, case: Case, **tiles: int) -> torch.Tensor:
-    sizes = {"query_rows": 16, "key_tokens": 16, "split_tokens": 16, "max_splits": 8} | tiles
-    backend = backend_module.TritonAttentionBackend(backend_module.TritonTiles(**sizes))
+@pytest.fixture(scope="module", params=MODES)
+def kernels(request: pytest.FixtureRequest) -> Iterator[Kernels]:
+    with kernels_for(request.param, "pdserve.engine.attention.triton.backend") as (mods, dev):
+        yield Kernels(mods[0], dev)
+
+
+def run(kernels: Kernels, case: Case, **tiles: int) -> torch.Tensor:
+    """The backend's output for ``case`` (on the CPU); ``case.pool`` holds the stored K/V."""
+    backend, device = kernels.tiled(**tiles), kernels.device
     layout = layout_chunks(case.chunks, BLOCK_SIZE)
-    meta = backend.build_metadata(layout, BLOCK_SIZE, NUM_LAYERS, torch.device("cpu"))
+    meta = backend.build_metadata(layout, BLOCK_SIZE, NUM_LAYERS, device)
     k, v = case.new_kv()
-    out: torch.Tensor = backend.forward(LAYER, case.q, k, v, case.pool, meta)
-    return out
+    pool = case.pool.to(device)
+    out: torch.Tensor = backend.forward(
+        LAYER, case.q.to(device), k.to(device), v.to(device), pool, meta
+    )
+    case.pool.copy_(pool)
+    return out.cpu()
 
 
 DTYPES = list(TOLERANCES)
@@ -149,84 +165,80 @@ CASES = {
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(CASES))
 def test_attention_matches_the_dense_reference(
-    triton_backend: ModuleType, name: str, dtype: torch.dtype
+    kernels: Kernels, name: str, dtype: torch.dtype
 ) -> None:
     case = make_case(CASES[name], dtype, seed=len(name))
-    got = run(triton_backend, case)
+    got = run(kernels, case)
     assert got.dtype == dtype and got.shape == (case.q.shape[0], HEADS * HEAD_DIM)
     torch.testing.assert_close(got.float(), reference(case), **TOLERANCES[dtype])
 
 
-def test_decode_splits_merge_to_the_unsplit_result(triton_backend: ModuleType) -> None:
+def test_decode_splits_merge_to_the_unsplit_result(kernels: Kernels) -> None:
     case = make_case(CASES["decode_long"], torch.float32, seed=3)
-    split = run(triton_backend, case)  # 4 splits
-    whole = run(triton_backend, case, split_tokens=1024)  # 1 split: no merge kernel
+    split = run(kernels, case)  # 4 splits
+    whole = run(kernels, case, split_tokens=1024)  # 1 split: no merge kernel
     torch.testing.assert_close(split, whole, atol=1e-6, rtol=1e-6)
 
 
 def test_token_tree_rows_attend_the_prefix_and_their_ancestors(
-    triton_backend: ModuleType,
+    kernels: Kernels,
 ) -> None:
     parents = (-1, 0, 0, 1, 2, 1, 5)  # two branches, one of depth 3
     case = make_case([(9, 1), (0, 4), (6, len(parents))], torch.float32, seed=5, parents=parents)
-    torch.testing.assert_close(
-        run(triton_backend, case), reference(case), **TOLERANCES[torch.float32]
-    )
+    torch.testing.assert_close(run(kernels, case), reference(case), **TOLERANCES[torch.float32])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_store_writes_each_token_to_its_slot_and_nothing_else(
-    triton_backend: ModuleType, dtype: torch.dtype
+    kernels: Kernels, dtype: torch.dtype
 ) -> None:
     case = make_case([(3, 6), (9, 1), (0, 5)], dtype, seed=7)
     before = case.pool.clone()
-    store = triton_backend.store_kv
     # K and V as strided views of one fused projection, as the model hands them.
     k, v = case.new_kv()
-    fused = torch.cat((k, v), dim=1)  # [T, 2 * KVH, D]
+    fused = torch.cat((k, v), dim=1).to(kernels.device)  # [T, 2 * KVH, D]
     layout = layout_chunks(case.chunks, BLOCK_SIZE)
-    meta = triton_backend.TritonAttentionBackend(triton_backend.TritonTiles()).build_metadata(
-        layout, BLOCK_SIZE, NUM_LAYERS, torch.device("cpu")
+    meta = kernels.tiled().build_metadata(layout, BLOCK_SIZE, NUM_LAYERS, kernels.device)
+    pool = case.pool.to(kernels.device)
+    kernels.backend.store_kv(
+        pool, LAYER, meta.slot_mapping, fused[:, :KV_HEADS], fused[:, KV_HEADS:]
     )
-    store(case.pool, LAYER, meta.slot_mapping, fused[:, :KV_HEADS], fused[:, KV_HEADS:])
     expected = before.clone()
     for chunk, ck, cv in zip(case.chunks, case.keys, case.values, strict=True):
         for p in range(chunk.start_pos, chunk.start_pos + chunk.num_tokens):
             block, offset = chunk.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE
             expected[block, LAYER, :, offset] = torch.stack((ck[p], cv[p]))
-    assert torch.equal(case.pool, expected)
+    assert torch.equal(pool.cpu(), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_an_int8_pool_reads_as_its_dequantized_values(
-    triton_backend: ModuleType, dtype: torch.dtype
-) -> None:
+def test_an_int8_pool_reads_as_its_dequantized_values(kernels: Kernels, dtype: torch.dtype) -> None:
     """Rows quantized by the store (the step's K/V) and before it (the prefixes, the pool's
     noise) are read back dequantized: the reference sees K/V as the pool stores them."""
     case = make_case(CASES["mixed"], dtype, seed=9)
-    got = run(triton_backend, dataclasses.replace(case, pool=quantize_rows(case.pool)))
+    got = run(kernels, dataclasses.replace(case, pool=quantize_rows(case.pool)))
     keys = [INT8.as_stored(k) for k in case.keys]
     values = [INT8.as_stored(v) for v in case.values]
     expected = reference(dataclasses.replace(case, keys=keys, values=values))
     torch.testing.assert_close(got.float(), expected, **TOLERANCES[dtype])
 
 
-def test_refuses_a_pool_of_another_dtype(triton_backend: ModuleType) -> None:
+def test_refuses_a_pool_of_another_dtype(kernels: Kernels) -> None:
     case = make_case([(0, 3)], torch.float32, seed=1)
     with pytest.raises(ValueError, match=r"got a torch\.bfloat16 pool for torch\.float32 queries"):
-        run(triton_backend, dataclasses.replace(case, pool=case.pool.bfloat16()))
+        run(kernels, dataclasses.replace(case, pool=case.pool.bfloat16()))
 
 
-def test_refuses_a_tree_wider_than_its_ancestor_bits(triton_backend: ModuleType) -> None:
+def test_refuses_a_tree_wider_than_its_ancestor_bits(kernels: Kernels) -> None:
     parents = (-1, *range(64))
     case = make_case([(0, len(parents))], torch.float32, seed=2, parents=parents)
     with pytest.raises(ValueError, match="at most 64 rows"):
-        run(triton_backend, case)
+        run(kernels, case)
 
 
-def test_tiles_must_be_powers_of_two_of_at_least_16(triton_backend: ModuleType) -> None:
+def test_tiles_must_be_powers_of_two_of_at_least_16(kernels: Kernels) -> None:
     with pytest.raises(ValueError, match="key_tokens must be a power of two >= 16, got 24"):
-        triton_backend.TritonTiles(key_tokens=24)
+        kernels.backend.TritonTiles(key_tokens=24)
 
 
 def test_auto_picks_cuda_triton_on_cuda_unless_flash_attn_suits_the_blocks(
@@ -256,15 +268,13 @@ def test_flash_attn_refuses_blocks_it_cannot_read_in_place() -> None:
         backend.forward(LAYER, case.q, k, v, case.pool, meta)
 
 
-def test_the_engine_model_gives_the_cpu_backend_logits(triton_backend: ModuleType) -> None:
+def test_the_engine_model_gives_the_cpu_backend_logits(kernels: Kernels) -> None:
     """A random tiny Llama through the engine's model code (norms, RoPE, layers), two steps:
     a prefill, then a decode token beside a chunk after a cached prefix; the logits match
     those of the CPU backend."""
     model = tiny_model(seed=11)
-    triton = triton_backend.TritonAttentionBackend(
-        triton_backend.TritonTiles(query_rows=16, key_tokens=16, split_tokens=16)
-    )
-    cpu = get_backend("cpu-grouped")
+    on_device = copy.deepcopy(model).to(kernels.device)  # on a GPU: Triton RMSNorm and RoPE
+    runs = {"triton": (on_device, kernels.tiled()), "cpu": (model, get_backend("cpu-grouped"))}
     steps = [
         [ScheduledChunk("a", (5, 9, 2, 31, 7, 7, 40, 3, 1), 0, (3, 0, 5), sample=True)],
         [
@@ -273,10 +283,11 @@ def test_the_engine_model_gives_the_cpu_backend_logits(triton_backend: ModuleTyp
         ],
     ]
     logits = {}
-    for name, backend in (("triton", triton), ("cpu", cpu)):
+    for name, (step_model, backend) in runs.items():
         pool = allocate_kv_cache(TINY, num_blocks=8, block_size=4)
         pool[1:3] = torch.randn(pool[1:3].shape, generator=torch.Generator().manual_seed(0))
-        logits[name] = [_step_logits(model, backend, step, pool) for step in steps]
+        pool = pool.to(step_model.embed_tokens.weight.device)
+        logits[name] = [_step_logits(step_model, backend, step, pool).cpu() for step in steps]
     for got, expected in zip(logits["triton"], logits["cpu"], strict=True):
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
@@ -286,7 +297,8 @@ def _step_logits(
 ) -> torch.Tensor:
     layout = layout_chunks(chunks, 4)
     attn = backend.build_metadata(layout, 4, TINY.num_layers, pool.device)
-    ids = torch.tensor([t for c in chunks for t in c.token_ids])
+    ids = torch.tensor([t for c in chunks for t in c.token_ids], device=pool.device)
+    positions = torch.tensor(token_positions(layout), device=pool.device)
     with torch.inference_mode():
-        hidden = model(ids, torch.tensor(token_positions(layout)), attn, pool)
+        hidden = model(ids, positions, attn, pool)
         return model.compute_logits(hidden)
