@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ class _Peer:
     agent_name: str
     pool_descs: Any  # prepared remote descriptor list, one entry per pool block
     staging_descs: Any | None  # the same for the int8 staging slots, when used
+    metadata: bytes  # the receiver's connection metadata these were prepared from
 
 
 class NixlSender(SenderBase):
@@ -58,28 +60,68 @@ class NixlSender(SenderBase):
             self._agent.register(self._staging)
             self._local_staging = self._agent.prep_blocks("", self._staging.data_ptr(), n, rec)
 
+    def check_destination(
+        self, transfer_id: str, peer: bytes, dst_block_ids: Sequence[int]
+    ) -> None:
+        """Also loads the peer's agent metadata (NIXL connects lazily: nothing is sent),
+        so metadata NIXL refuses is refused here too."""
+        info, _ = self._plan(transfer_id, peer, dst_block_ids)
+        self._connect(info, peer)
+
     def _connect(self, peer: PeerInfo, raw: bytes) -> _Peer:
         name = str(peer.fields["agent"])
         with self._connect_lock:
             known = self._peers.get(name)
             if known is None:
-                known = self._add_peer(name, peer)
+                known = self._add_peer(name, peer, raw)
                 self._peers[name] = known
+            elif known.metadata != raw:  # an agent's metadata never changes
+                raise ValueError(
+                    f"peer metadata names NIXL agent {name!r} but differs from that agent's"
+                )
             return known
 
-    def _add_peer(self, name: str, peer: PeerInfo) -> _Peer:
-        remote = self._agent.add_remote(peer.blob)
-        assert remote == name, f"NIXL metadata names agent {remote!r}, fields say {name!r}"
+    def _check_fields(self, peer: PeerInfo) -> None:
+        fields = peer.fields
+        addresses = ("pool_addr", "staging_addr") if peer.int8 else ("pool_addr",)
+        if not isinstance(fields.get("agent"), str) or not all(
+            type(fields.get(a)) is int for a in addresses
+        ):
+            raise ValueError(
+                f"peer metadata needs a NIXL agent name and buffer addresses {addresses}, got "
+                f"{fields!r:.200}"
+            )
+
+    def _add_peer(self, name: str, peer: PeerInfo, raw: bytes) -> _Peer:
+        """Load the peer's agent metadata and prepare its blocks; ValueError when NIXL
+        refuses them (not a NIXL agent's metadata, or buffers the peer never registered:
+        NIXL checks every remote block against the peer's registered memory)."""
+        try:
+            remote = self._agent.add_remote(peer.blob)
+        except Exception as exc:  # nixl raises its own binding error types
+            raise ValueError(f"peer agent metadata refused by NIXL: {exc!r}") from exc
+        try:
+            if remote != name:
+                raise ValueError(f"peer NIXL metadata names agent {remote!r}, fields say {name!r}")
+            return self._prep_peer(name, peer, raw)
+        except Exception as exc:
+            if remote not in self._peers:  # a known peer's connection stays in use
+                self._agent.remove_remote(remote)
+            if isinstance(exc, ValueError):
+                raise
+            raise ValueError(f"peer buffers refused by NIXL: {exc!r}") from exc
+
+    def _prep_peer(self, name: str, peer: PeerInfo, raw: bytes) -> _Peer:
         layout, fields = peer.layout, peer.fields
         pool_descs = self._agent.prep_blocks(
-            name, int(fields["pool_addr"]), layout.num_blocks, layout.block_bytes
+            name, fields["pool_addr"], layout.num_blocks, layout.block_bytes
         )
         staging = None
         if peer.int8:
             staging = self._agent.prep_blocks(
-                name, int(fields["staging_addr"]), layout.num_blocks, quant.record_bytes(layout)
+                name, fields["staging_addr"], layout.num_blocks, quant.record_bytes(layout)
             )
-        return _Peer(name, pool_descs, staging)
+        return _Peer(name, pool_descs, staging, raw)
 
     def _on_failure(self, target: _Peer, error: Exception) -> None:
         if isinstance(error, TimeoutError):
