@@ -30,6 +30,7 @@ from pdserve.engine.attention.base import (
 from pdserve.engine.attention.cuda import FlashAttnBackend
 from pdserve.engine.attention.kv_format import INT8
 from pdserve.engine.attention.registry import auto_backend
+from pdserve.engine.attention.triton import TritonTiles
 from pdserve.engine.model.llama import LlamaModel
 from pdserve.engine.runner import allocate_kv_cache
 from pdserve.engine.scheduler import ScheduledChunk
@@ -123,7 +124,7 @@ class Kernels(NamedTuple):
     def tiled(self, **tiles: int) -> Any:
         """A backend with tiles small enough for these shapes to cross them."""
         sizes = {"query_rows": 16, "key_tokens": 16, "split_tokens": 16, "max_splits": 8}
-        return self.backend.TritonAttentionBackend(self.backend.TritonTiles(**sizes | tiles))
+        return self.backend.TritonAttentionBackend(TritonTiles(**sizes | tiles))
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -236,9 +237,9 @@ def test_refuses_a_tree_wider_than_its_ancestor_bits(kernels: Kernels) -> None:
         run(kernels, case)
 
 
-def test_tiles_must_be_powers_of_two_of_at_least_16(kernels: Kernels) -> None:
+def test_tiles_must_be_powers_of_two_of_at_least_16() -> None:
     with pytest.raises(ValueError, match="key_tokens must be a power of two >= 16, got 24"):
-        kernels.backend.TritonTiles(key_tokens=24)
+        TritonTiles(key_tokens=24)
 
 
 def test_auto_picks_cuda_triton_on_cuda_unless_flash_attn_suits_the_blocks(

@@ -5,7 +5,7 @@ kernels compute but run them as Python: they cannot see what only the compiler r
 changes (control flow, ``tl.dot``'s shape and type rules, constexpr branches). Here each
 kernel goes through Triton's whole pipeline down to a cubin (``ptxas`` ships with Triton),
 at the shapes of a Llama-3-8B-like model (32 query heads over 8 kv heads of 128 values,
-blocks of 16) with the backend's default tiles; nothing runs.
+blocks of 16) with the backend's default tiles and warps; nothing runs.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from typing import Any
 
 import pytest
 
+from pdserve.engine.attention.triton import TritonTiles
 from tests.triton_interpreter import require_triton
 
 H100 = ("cuda", 90, 32)
-ATTENTION = {"BLOCK_SIZE": 16, "GROUP": 4, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_KEYS": 64}
+TILES, GROUP = TritonTiles(), 4
+ATTENTION = {"BLOCK_SIZE": 16, "GROUP": GROUP, "HEAD_DIM": 128, "BLOCK_D": 128,
+             "BLOCK_KEYS": TILES.key_tokens}  # fmt: skip
 INDEX_POINTERS_I64 = ("slot_ptr", "ancestors_ptr")
 FP32_POINTERS = ("partial_out_ptr", "partial_lse_ptr")
 FLOAT_SCALARS = ("scale_log2", "eps")
@@ -33,7 +36,9 @@ def kernel(module: str, name: str) -> Any:
     return found
 
 
-def compile_for_h100(fn: Any, dtype: str, constexprs: dict[str, object], pool: str = "") -> Any:
+def compile_for_h100(
+    fn: Any, dtype: str, constexprs: dict[str, object], pool: str = "", num_warps: int = 4
+) -> Any:
     """Compile ``fn`` with tensors of ``dtype`` (``pool``: the pool's, if another)."""
     from triton import compile as triton_compile
     from triton.backends.compiler import GPUTarget
@@ -55,7 +60,7 @@ def compile_for_h100(fn: Any, dtype: str, constexprs: dict[str, object], pool: s
 
     signature = {name: arg_type(name) for name in fn.arg_names}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    return triton_compile(source, target=GPUTarget(*H100))
+    return triton_compile(source, target=GPUTarget(*H100), options={"num_warps": num_warps})
 
 
 def dot_constants(dtype: str, int8_pool: bool = False) -> dict[str, object]:
@@ -68,8 +73,13 @@ def dot_constants(dtype: str, int8_pool: bool = False) -> dict[str, object]:
 )
 def test_prefill_compiles(dtype: str, trees: bool, pool: str) -> None:
     fn = kernel("pdserve.engine.attention.triton.prefill", "_prefill_kernel")
-    constants = ATTENTION | {"TILE_TOKENS": 16, "BLOCK_ROWS": 64, "HAS_TREES": trees}
-    compiled = compile_for_h100(fn, dtype, constants | dot_constants(dtype, bool(pool)), pool)
+    constants = ATTENTION | {
+        "TILE_TOKENS": TILES.query_rows // GROUP,
+        "BLOCK_ROWS": TILES.query_rows,
+        "HAS_TREES": trees,
+    }
+    constants |= dot_constants(dtype, bool(pool))
+    compiled = compile_for_h100(fn, dtype, constants, pool, TILES.num_warps)
     # 16-bit tiles run on tensor cores (wgmma on sm_90); fp32 ("ieee") on the FMA units.
     assert ("mma" in compiled.asm["ptx"]) == (dtype != "fp32")
 
@@ -78,7 +88,8 @@ def test_prefill_compiles(dtype: str, trees: bool, pool: str) -> None:
 def test_decode_and_merge_compile(dtype: str, split: bool, pool: str) -> None:
     fn = kernel("pdserve.engine.attention.triton.decode", "_decode_split_kernel")
     constants = ATTENTION | {"NUM_HEADS": 32, "SPLIT": split, "BLOCK_GROUP": 16}
-    compile_for_h100(fn, dtype, constants | dot_constants(dtype, bool(pool)), pool)
+    constants |= dot_constants(dtype, bool(pool))
+    compile_for_h100(fn, dtype, constants, pool, TILES.num_warps)
     merge = kernel("pdserve.engine.attention.triton.decode", "_merge_splits_kernel")
     compile_for_h100(merge, dtype, {"NUM_HEADS": 32, "BLOCK_SPLITS": 16, "HEAD_DIM": 128,
                                     "BLOCK_D": 128})  # fmt: skip

@@ -10,6 +10,7 @@ fp32 accumulation) reading the KV pool in place through the block tables.
 * ``tiles.py``: the inner loop both attention kernels share (and an int8 pool's
   dequantization);
 * ``plan.py``: the per-step index tensors, built once per step on the host;
+* ``config.py``: the tile sizes (:class:`TritonTiles`);
 * ``backend.py``: the :class:`AttentionBackend` over them.
 
 Importing this package imports no Triton: :func:`make_triton_backend` does, with a clear
@@ -22,14 +23,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pdserve.engine.attention.triton.config import TritonTiles
+
 if TYPE_CHECKING:
-    from pdserve.engine.attention.triton.backend import TritonAttentionBackend, TritonTiles
+    from pdserve.engine.attention.triton.backend import TritonAttentionBackend
+
+__all__ = ["TritonTiles", "make_triton_backend"]
 
 
 def make_triton_backend(tiles: TritonTiles | None = None) -> TritonAttentionBackend:
     """Import Triton now (not at package import) and build the backend."""
     try:
-        from pdserve.engine.attention.triton.backend import TritonAttentionBackend, TritonTiles
+        from pdserve.engine.attention.triton.backend import TritonAttentionBackend
     except ImportError as exc:
         raise ValueError(
             f"attention backend 'cuda-triton' needs the triton package ({exc}); install it "

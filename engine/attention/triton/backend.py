@@ -10,7 +10,6 @@ a ValueError.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,6 +20,7 @@ from pdserve.engine.attention.base import (
     step_metadata,
     write_kv,
 )
+from pdserve.engine.attention.triton.config import TritonTiles
 from pdserve.engine.attention.triton.decode import attend_decodes
 from pdserve.engine.attention.triton.plan import TritonStepPlan, plan_step
 from pdserve.engine.attention.triton.prefill import attend_prefills
@@ -28,31 +28,6 @@ from pdserve.engine.attention.triton.store import store_kv
 
 if TYPE_CHECKING:
     from pdserve.engine.attention.native import BoundDecode
-
-
-@dataclass(slots=True, frozen=True)
-class TritonTiles:
-    """Tile sizes of the kernels (powers of two of at least 16: ``tl.dot``'s minimum).
-
-    The defaults are first guesses for a GPU, NOT tuned: these kernels have not yet run on
-    one. Tests shrink them so small shapes still cross tiles and splits.
-    """
-
-    query_rows: int = 64  # prefill tile rows: query tokens times the heads of a kv group
-    key_tokens: int = 64  # keys per inner step, both kernels
-    split_tokens: int = 512  # about this many keys per decode split
-    max_splits: int = 16
-
-    def __post_init__(self) -> None:
-        for name in ("query_rows", "key_tokens"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
-        if self.split_tokens < 1 or self.max_splits < 1:
-            raise ValueError(
-                f"split_tokens and max_splits must be >= 1, got {self.split_tokens}, "
-                f"{self.max_splits}"
-            )
 
 
 class TritonAttentionBackend:
@@ -66,8 +41,7 @@ class TritonAttentionBackend:
     def build_metadata(
         self, layout: StepLayout, block_size: int, num_layers: int, device: torch.device
     ) -> AttentionMetadata:
-        tiles = self.tiles
-        plan = plan_step(layout, device, tiles.key_tokens, tiles.split_tokens, tiles.max_splits)
+        plan = plan_step(layout, device, self.tiles)
         return step_metadata(layout, block_size, num_layers, device, self, plan)
 
     def bind_native_decode(
@@ -93,10 +67,9 @@ class TritonAttentionBackend:
             store_kv(kv_cache, layer_idx, attn.slot_mapping, k, v)
         out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])  # [T, H * D]
         if plan.num_prefills:
-            tiles = self.tiles
-            attend_prefills(q, kv_cache, layer_idx, plan, out, tiles.query_rows, tiles.key_tokens)
+            attend_prefills(q, kv_cache, layer_idx, plan, out, self.tiles)
         if plan.num_decodes:
-            attend_decodes(q, kv_cache, layer_idx, plan, out, self.tiles.key_tokens)
+            attend_decodes(q, kv_cache, layer_idx, plan, out, self.tiles)
         return out
 
 

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pdserve.engine.attention.triton.config import TritonTiles
 from pdserve.engine.attention.triton.plan import TritonStepPlan
 from pdserve.engine.attention.triton.tiles import (
     MASK_NONE,
@@ -139,7 +140,7 @@ def attend_decodes(
     layer_idx: int,
     plan: TritonStepPlan,
     out: torch.Tensor,  # [T, H * D]: the rows of one-token chunks are written
-    block_keys: int,
+    tiles: TritonTiles,
 ) -> None:
     """Attention of every one-token chunk of the step (see the module docstring)."""
     num_seqs, (num_heads, head_dim) = plan.num_decodes, q.shape[1:]
@@ -177,8 +178,9 @@ def attend_decodes(
         BLOCK_GROUP=max(16, triton.next_power_of_2(num_heads // kv_heads)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
-        BLOCK_KEYS=block_keys,
+        BLOCK_KEYS=tiles.key_tokens,
         **dot_options(q.dtype, kv_cache),
+        num_warps=tiles.num_warps,
     )
     if splits.num_splits == 1:
         return

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from pdserve.engine.attention.base import StepLayout, tree_ancestors
+from pdserve.engine.attention.triton.config import TritonTiles
 
 # A tree row's ancestors are bits of one int64.
 MAX_TREE_ROWS = 64
@@ -72,13 +73,7 @@ def decode_splits(
     return DecodeSplits(-(-max_context // split_keys) if max_context else 1, split_keys)
 
 
-def plan_step(
-    layout: StepLayout,
-    device: torch.device,
-    key_tile: int,
-    split_tokens: int,
-    max_splits: int,
-) -> TritonStepPlan:
+def plan_step(layout: StepLayout, device: torch.device, tiles: TritonTiles) -> TritonStepPlan:
     """The index tensors of ``layout``; ValueError for a token tree the kernel cannot mask."""
     num_chunks = len(layout.context_lens)
     lengths = [e - s for s, e in zip(layout.start_positions, layout.context_lens, strict=True)]
@@ -110,7 +105,9 @@ def plan_step(
         decode_chunks=decode,
         block_tables=tables.view(num_chunks, width),
         max_prefill_tokens=max((lengths[c] for c in prefills), default=0),
-        decode_splits=decode_splits(max_decode_context, key_tile, split_tokens, max_splits),
+        decode_splits=decode_splits(
+            max_decode_context, tiles.key_tokens, tiles.split_tokens, tiles.max_splits
+        ),
         tree_ancestors=_tree_ancestors(layout, device) if any(is_tree) else None,
     )
 

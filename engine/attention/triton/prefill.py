@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pdserve.engine.attention.triton.config import TritonTiles
 from pdserve.engine.attention.triton.plan import TritonStepPlan
 from pdserve.engine.attention.triton.tiles import (
     MASK_CAUSAL,
@@ -117,15 +118,13 @@ def attend_prefills(
     layer_idx: int,
     plan: TritonStepPlan,
     out: torch.Tensor,  # [T, H * D]: the rows of prefill chunks are written
-    rows_per_tile: int,
-    block_keys: int,
+    tiles: TritonTiles,
 ) -> None:
-    """Attention of every multi-token chunk of the step (see the module docstring);
-    ``rows_per_tile`` (query tokens times the heads of a group) sizes the query tile."""
+    """Attention of every multi-token chunk of the step (see the module docstring)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = kv_cache.shape[4]
     group = num_heads // kv_heads
-    tile_tokens = max(1, rows_per_tile // group)
+    tile_tokens = max(1, tiles.query_rows // group)
     grid = (plan.num_prefills, triton.cdiv(plan.max_prefill_tokens, tile_tokens), kv_heads)
     ancestors = plan.tree_ancestors
     _prefill_kernel[grid](
@@ -152,7 +151,8 @@ def attend_prefills(
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         TILE_TOKENS=tile_tokens,
         BLOCK_ROWS=max(16, triton.next_power_of_2(tile_tokens * group)),
-        BLOCK_KEYS=block_keys,
+        BLOCK_KEYS=tiles.key_tokens,
         HAS_TREES=ancestors is not None,
         **dot_options(q.dtype, kv_cache),
+        num_warps=tiles.num_warps,
     )
