@@ -123,7 +123,8 @@ class Kernels(NamedTuple):
 
     def tiled(self, **tiles: int) -> Any:
         """A backend with tiles small enough for these shapes to cross them."""
-        sizes = {"query_rows": 16, "key_tokens": 16, "split_tokens": 16, "max_splits": 8}
+        sizes = {"query_rows": 16, "key_tokens": 16, "key_tokens_fp32": 16, "split_tokens": 16}
+        sizes["max_splits"] = 8
         return self.backend.TritonAttentionBackend(TritonTiles(**sizes | tiles))
 
 

@@ -14,14 +14,14 @@ import importlib
 from typing import Any
 
 import pytest
+import torch
 
 from pdserve.engine.attention.triton import TritonTiles
 from tests.triton_interpreter import require_triton
 
 H100 = ("cuda", 90, 32)
 TILES, GROUP = TritonTiles(), 4
-ATTENTION = {"BLOCK_SIZE": 16, "GROUP": GROUP, "HEAD_DIM": 128, "BLOCK_D": 128,
-             "BLOCK_KEYS": TILES.key_tokens}  # fmt: skip
+ATTENTION = {"BLOCK_SIZE": 16, "GROUP": GROUP, "HEAD_DIM": 128, "BLOCK_D": 128}
 INDEX_POINTERS_I64 = ("slot_ptr", "ancestors_ptr")
 FP32_POINTERS = ("partial_out_ptr", "partial_lse_ptr")
 FLOAT_SCALARS = ("scale_log2", "eps")
@@ -64,8 +64,10 @@ def compile_for_h100(
 
 
 def dot_constants(dtype: str, int8_pool: bool = False) -> dict[str, object]:
-    return {"PRECISION": "ieee" if dtype == "fp32" else None, "DOT_FP32": False,
-            "INT8_ROWS": int8_pool}  # fmt: skip
+    """The key tile and the ``tl.dot`` constants the backend launches ``dtype`` queries with."""
+    key_tile = TILES.key_tile(torch.float32 if dtype == "fp32" else torch.bfloat16)
+    return {"BLOCK_KEYS": key_tile, "PRECISION": "ieee" if dtype == "fp32" else None,
+            "DOT_FP32": False, "INT8_ROWS": int8_pool}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -178,7 +178,7 @@ def attend_decodes(
         BLOCK_GROUP=max(16, triton.next_power_of_2(num_heads // kv_heads)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
-        BLOCK_KEYS=tiles.key_tokens,
+        BLOCK_KEYS=tiles.key_tile(q.dtype),
         **dot_options(q.dtype, kv_cache),
         num_warps=tiles.num_warps,
     )

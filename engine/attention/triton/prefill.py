@@ -151,7 +151,7 @@ def attend_prefills(
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         TILE_TOKENS=tile_tokens,
         BLOCK_ROWS=max(16, triton.next_power_of_2(tile_tokens * group)),
-        BLOCK_KEYS=tiles.key_tokens,
+        BLOCK_KEYS=tiles.key_tile(q.dtype),
         HAS_TREES=ancestors is not None,
         **dot_options(q.dtype, kv_cache),
         num_warps=tiles.num_warps,
