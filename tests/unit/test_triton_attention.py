@@ -1,6 +1,6 @@
-"""The ``cuda-triton`` attention kernels under Triton's interpreter, on CPU tensors, against a
-dense reference written here: each chunk's true K/V (before they went through the pool), a
-masked softmax in fp32.
+"""The ``cuda-triton`` attention kernels under Triton's interpreter on CPU tensors (and
+compiled, on a GPU where there is one) against a dense reference written here: each chunk's
+true K/V (before they went through the pool), a masked softmax in fp32.
 
 Shapes are tiny (the interpreter runs each program in Python) but cross every boundary: block
 size 4 with 16-key tiles, 16-row query tiles, decode splits of 16 keys, chunks of odd lengths
@@ -117,15 +117,19 @@ def reference(case: Case) -> torch.Tensor:
     return torch.cat(outs)
 
 
+# Small enough for these shapes to cross query tiles, key tiles and decode splits.
+SMALL_TILES = TritonTiles(
+    query_rows=16, key_tokens=16, key_tokens_fp32=16, split_tokens=16, max_splits=8
+)
+
+
 class Kernels(NamedTuple):
     backend: ModuleType  # pdserve.engine.attention.triton.backend
     device: torch.device
 
     def tiled(self, **tiles: int) -> Any:
-        """A backend with tiles small enough for these shapes to cross them."""
-        sizes = {"query_rows": 16, "key_tokens": 16, "key_tokens_fp32": 16, "split_tokens": 16}
-        sizes["max_splits"] = 8
-        return self.backend.TritonAttentionBackend(TritonTiles(**sizes | tiles))
+        """A backend with :data:`SMALL_TILES`, changed by ``tiles``."""
+        return self.backend.TritonAttentionBackend(dataclasses.replace(SMALL_TILES, **tiles))
 
 
 @pytest.fixture(scope="module", params=MODES)
