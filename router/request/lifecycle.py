@@ -189,12 +189,12 @@ class RequestLifecycle:
         index, or just sent there) and the new prefix it was given lately; and the
         prompt's block hashes (empty without a hasher); and the links' measured rates."""
         size = self.config.block_size
-        now_s = time.monotonic()
-        links = self.link_rates.rates(now_s)
+        links = self.link_rates.rates(time.monotonic())
         if self.hasher is None:
             return RouteRequest(len(inp.prompt_token_ids), size, link_rates=links), ()
         hashes = self.hasher(inp.prompt_token_ids)
         hits = await prefix_hits(self.locality, hashes, worker_ids)
+        now_s = time.monotonic()
         pending = {}
         for worker_id, sent in self.placements.longest_prefix(hashes, worker_ids, now_s).items():
             indexed = hits.get(worker_id, PrefixHit()).blocks
