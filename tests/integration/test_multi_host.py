@@ -295,7 +295,10 @@ def test_a_host_without_the_token_cannot_join(cluster: Cluster) -> None:
     other_secret = ClusterSecret.generate().to_text()
     forged = JoinToken(_without_password(real.redis_url), real.key_prefix, secret=other_secret)
     forged_file.write_text(forged.encode())
-    refused = ext.run((*join, "--token-file", str(forged_file)), ENV)
+    # `ray start` retries its GCS connection once a second (30 tries) even when refused;
+    # three tries show the refusal as well.
+    refused = ext.run((*join, "--token-file", str(forged_file)),
+                      {**ENV, "RAY_gcs_server_port_wait_time_s": "3"})  # fmt: skip
     assert refused.returncode != 0
     assert "InvalidAuthToken: Authentication token is missing or incorrect" in refused.stderr
     assert ext.pids() == []
