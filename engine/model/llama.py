@@ -200,9 +200,18 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,  # [T] int64
         attn: AttentionMetadata,
         kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, row] (attention/base.py)
+        *,
+        trusted_positions: bool = False,
     ) -> torch.Tensor:
-        """Run the decoder over a flat batch; returns final-normed hidden states ``[T, hidden]``."""
-        cos, sin = self.rotary.lookup(positions)
+        """Run the decoder over a flat batch; returns final-normed hidden states ``[T, hidden]``.
+
+        ``trusted_positions``: the caller checked them against the context on the host (a
+        CUDA graph capture must: the lookup's own check reads the positions back)."""
+        if trusted_positions:
+            rotary = self.rotary
+            cos, sin = rotary.cos[positions].unsqueeze(1), rotary.sin[positions].unsqueeze(1)
+        else:
+            cos, sin = self.rotary.lookup(positions)
         x = self.embed_tokens(input_ids)  # [T, hidden]
         if self.native_layers is not None:
             step = attn.backend.bind_native_decode(attn, kv_cache, x.dtype, self.config.num_heads)
