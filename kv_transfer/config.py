@@ -35,7 +35,8 @@ class TransferConfig:
     the wire; on a NIXL receiver it allocates the staging area int8 transfers land in.
     ``auth_key`` (derived from the cluster secret; hidden from ``repr``): TCP connections
     must pass the handshake of ``handshake.py`` before a byte of KV moves; None: no
-    authentication (a single host, or tests).
+    authentication (a single host, or tests). ``stage_through_host`` (TCP): copy blocks
+    through a pinned host buffer (``staging.py``); None: when the pool is on a GPU.
     """
 
     timeout_s: float = 30.0
@@ -51,6 +52,7 @@ class TransferConfig:
     nixl_progress_thread: bool = False
     max_concurrent_sends: int = 4
     fault: FaultInjection | None = None
+    stage_through_host: bool | None = None
     auth_key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
