@@ -16,7 +16,13 @@ from pdserve.kv_transfer.convert import CHUNK_BLOCKS, convert_blocks
 from pdserve.kv_transfer.endpoints import SenderBase
 from pdserve.kv_transfer.layout import KVPoolLayout
 from pdserve.kv_transfer.metadata import PeerInfo
-from pdserve.kv_transfer.nixl_agent import NOTIFY_BEGIN, NOTIFY_DONE, NOTIFY_FAILED, Agent
+from pdserve.kv_transfer.nixl_agent import (
+    NOTIFY_BEGIN,
+    NOTIFY_DONE,
+    NOTIFY_FAILED,
+    Agent,
+    memory_segment,
+)
 from pdserve.kv_transfer.wire import TransferHeader
 
 log = logging.getLogger(__name__)
@@ -49,9 +55,17 @@ class NixlSender(SenderBase):
         self._convert_lock = threading.Lock()
 
     def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
+        segment = memory_segment(pool)
+        if segment[0] == "VRAM" and self.config.int8:
+            raise ValueError(
+                "int8 KV transfer quantizes on the host: with a pool on a GPU use the plain "
+                "format over NIXL, or the TCP backend"
+            )
         self._agent.register(pool)
         n = layout.num_blocks
-        self._local_pool = self._agent.prep_blocks("", pool.data_ptr(), n, layout.block_bytes)
+        self._local_pool = self._agent.prep_blocks(
+            "", pool.data_ptr(), n, layout.block_bytes, segment
+        )
         if self.config.int8:
             rec = quant.record_bytes(layout)
             self._staging = torch.empty((n, rec), dtype=torch.uint8)
@@ -71,8 +85,10 @@ class NixlSender(SenderBase):
         remote = self._agent.add_remote(peer.blob)
         assert remote == name, f"NIXL metadata names agent {remote!r}, fields say {name!r}"
         layout, fields = peer.layout, peer.fields
+        # A receiver from before GPU pools sends no segment: its pool is host memory.
+        segment = (str(fields.get("pool_segment", "DRAM")), int(fields.get("pool_device", 0)))
         pool_descs = self._agent.prep_blocks(
-            name, int(fields["pool_addr"]), layout.num_blocks, layout.block_bytes
+            name, int(fields["pool_addr"]), layout.num_blocks, layout.block_bytes, segment
         )
         staging = None
         if peer.int8:
