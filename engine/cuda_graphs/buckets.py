@@ -32,9 +32,11 @@ def graph_capture_sizes(max_num_seqs: int) -> tuple[int, ...]:
     decode steps run eagerly)."""
     if max_num_seqs < 1:
         raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-    top = min(-(-max_num_seqs // _BUCKET_STEP) * _BUCKET_STEP, MAX_GRAPH_BATCH)
-    small = tuple(s for s in _SMALL_BUCKETS if s < top)
-    return small + tuple(range(_BUCKET_STEP, top + 1, _BUCKET_STEP))
+    stepped = range(_BUCKET_STEP, MAX_GRAPH_BATCH + 1, _BUCKET_STEP)
+    sizes = (*_SMALL_BUCKETS, *stepped)
+    top = bucket_for(min(max_num_seqs, MAX_GRAPH_BATCH), sizes)
+    assert top is not None, f"no bucket holds {MAX_GRAPH_BATCH} rows"
+    return tuple(s for s in sizes if s <= top)
 
 
 def bucket_for(batch_size: int, sizes: tuple[int, ...]) -> int | None:
