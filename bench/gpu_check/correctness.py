@@ -113,8 +113,15 @@ def engine_greedy(
     passes: int = 2,
 ) -> tuple[list[list[list[int]]], LogitsRecorder]:
     """Each pass's greedy tokens, and the logits of the first pass."""
-    budget = {"max_num_batched_tokens": setup.chunk_tokens, "max_num_seqs": setup.max_num_seqs}
-    settings = {**BASELINE, **budget, **options}
+    # A pool for every sequence at once, twice over: the second pass finds the first's
+    # prefix blocks still cached.
+    blocks_per_seq = -(-(setup.max_prompt_tokens + setup.new_tokens) // target.block_size)
+    sizes = {
+        "max_num_batched_tokens": setup.chunk_tokens,
+        "max_num_seqs": setup.max_num_seqs,
+        "num_blocks": 2 * setup.num_prompts * blocks_per_seq,
+    }
+    settings = {**BASELINE, **sizes, **options}
     llm = engine(pair, target, **settings)
     params = SamplingParams(temperature=0.0, max_tokens=setup.new_tokens, ignore_eos=True)
     recorder = LogitsRecorder()
