@@ -34,20 +34,22 @@ class Shape:
     def hf_config(self) -> Any:
         from transformers import LlamaConfig
 
-        return LlamaConfig(
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
-            vocab_size=self.vocab_size,
-            rope_theta=self.rope_theta,
-            max_position_embeddings=MAX_MODEL_LEN,
-            tie_word_embeddings=True,
-            bos_token_id=None,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
+        settings: dict[str, Any] = {
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "vocab_size": self.vocab_size,
+            # transformers 4 takes it as is, 5 moves it into rope_parameters
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": MAX_MODEL_LEN,
+            "tie_word_embeddings": True,
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "pad_token_id": 0,
+        }
+        return LlamaConfig(**settings)
 
     @property
     def head_dim(self) -> int:

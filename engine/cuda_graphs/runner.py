@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -59,7 +59,7 @@ class CudaDecodeGraph:
     """A :class:`DecodeGraph` on ``torch.cuda.CUDAGraph``; graphs made by one factory share
     a memory pool (only one replays at a time)."""
 
-    def __init__(self, pool: object) -> None:
+    def __init__(self, pool: Any) -> None:  # a torch.cuda.graph_pool_handle()
         self._pool = pool
         self._graph = torch.cuda.CUDAGraph()
 
