@@ -128,11 +128,15 @@ class ModelRunner:
         layout = layout_chunks(plan.chunks, self.block_size)
         token_ids = [t for chunk in plan.chunks for t in chunk.token_ids]
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
-        positions = torch.tensor(token_positions(layout), dtype=torch.int64, device=self.device)
+        position_list = token_positions(layout)
+        positions = torch.tensor(position_list, dtype=torch.int64, device=self.device)
         attn = self.attention.build_metadata(
             layout, self.block_size, self.config.num_layers, self.device
         )
-        hidden = self.model(input_ids, positions, attn, self.kv_cache)  # [T, hidden]
+        # [T, hidden]; the positions' bound is known here, so the model need not read it back
+        hidden = self.model(
+            input_ids, positions, attn, self.kv_cache, max_position=max(position_list)
+        )
         ends = layout.query_start_loc[1:]
         sample_rows = [
             row

@@ -176,10 +176,11 @@ class DecodeGraphs:
         return step
 
     def _forward(self, step: _StaticStep) -> torch.Tensor:
-        # Positions were checked on the host (run): the model's own check reads them back,
-        # which a capture forbids.
+        # The capture's positions are the longest context's; a replayed step's are checked
+        # against that in run(), on the host.
+        longest = self._max_model_len - 1
         hidden = self._model(
-            step.input_ids, step.positions, step.current, self._kv_cache, trusted_positions=True
+            step.input_ids, step.positions, step.current, self._kv_cache, max_position=longest
         )
         return self._model.compute_logits(hidden)
 
