@@ -124,9 +124,12 @@ def start_up(
     args: Sequence[str],
     env: Mapping[str, str] | None = None,
     kill_leftovers: bool = True,
+    new_session: bool = False,
 ) -> UpProcess:
     """Launch `pdserve up ARGS` (on free ports, no Ray dashboard) without waiting for it:
-    workers load while the caller does other work. ``env`` adds to this process's."""
+    workers load while the caller does other work. ``env`` adds to this process's.
+    ``new_session``: in a session (and process group) of its own, as a shell runs a
+    command, so that a signal to the group reaches what a terminal's Ctrl-C would."""
     work_dir.mkdir(parents=True, exist_ok=True)
     state_file, log_path = work_dir / "up.json", work_dir / "up.log"
     state_file.unlink(missing_ok=True)
@@ -142,6 +145,7 @@ def start_up(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent,
+            start_new_session=new_session,
         )
     return UpProcess(process, state_file, log_path, kill_leftovers)
 

@@ -3,8 +3,10 @@
 pdserve's default Redis is embedded: the CLI starts ``redis-server`` on a free loopback port
 (on the head's address for `pdserve up --head`, so that other hosts reach it) and stops it on
 exit. With ``--redis-url`` nothing is started (:func:`embedded_or_external`).
-The child gets ``PR_SET_PDEATHSIG`` so it dies with us even when we are SIGKILLed, and it
-runs without persistence, so a restart gives an empty Redis (the index rebuilds itself).
+The child gets ``PR_SET_PDEATHSIG`` so it dies with us even when we are SIGKILLed, runs in
+a session of its own (a terminal's Ctrl-C reaches us, not it: we stop it after everything
+that still writes to it), and runs without persistence, so a restart gives an empty Redis
+(the index rebuilds itself).
 """
 
 from __future__ import annotations
@@ -194,6 +196,9 @@ class RedisServer:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             preexec_fn=die_with_parent,
+            # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group)
+            # must not stop Redis before the workers have deregistered; we stop it last.
+            start_new_session=True,
         )
         log.close()
         self._wait_until_ready(workdir / "redis.log")

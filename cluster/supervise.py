@@ -41,6 +41,7 @@ class SupervisedRedis:
 
     def stop(self) -> None:
         self.server.stop()
+        log.info("embedded redis-server stopped")
 
 
 @contextlib.contextmanager

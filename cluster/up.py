@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import redis
 
 from pdserve.cluster.actuators import POOLS
 from pdserve.cluster.actuators.ray import PoolTargetActuator
@@ -51,12 +52,13 @@ from pdserve.cluster.pool_control import PoolTargetStore
 from pdserve.cluster.pool_manager import PoolMember, PoolTargets
 from pdserve.cluster.ray_cluster import RayEndpoints, gpus_available, start_or_join_ray
 from pdserve.cluster.ray_pools import HOST_LABEL, ActorResources, RayWorkerPool
-from pdserve.cluster.redis_server import redacted_url
+from pdserve.cluster.redis_server import RedisAuthError, connect, redacted_url
 from pdserve.cluster.registry import WorkerRegistry
 from pdserve.cluster.router_start import RedisRouterSpec, router_process, start_redis_router
 from pdserve.cluster.router_wiring import RedisWorkerDirectory
 from pdserve.cluster.secret import SecretSource, cluster_secret, ray_token_auth
 from pdserve.cluster.supervise import Supervised, SupervisedRedis, embedded_redis, supervise
+from pdserve.cluster.worker_agent import AgentConfig
 from pdserve.cluster.worker_launch import WorkerLaunch
 from pdserve.cluster.worker_template import publish_template
 from pdserve.proto.redis_keys import RedisKeys
@@ -156,6 +158,7 @@ def run_up(config: UpConfig) -> int:
             if not config.redis_url:
                 embedded = stack.enter_context(embedded_redis(password, address or "127.0.0.1"))
             redis_url = config.redis_url or (embedded.url if embedded else "")
+            stack.callback(_report_registered, redis_url, config.worker.agent)
             if secret is not None and config.secret is not None and config.ray_address is None:
                 stack.enter_context(ray_token_auth(secret, config.secret))
             ray_endpoints = _start_ray(config, address)
@@ -175,6 +178,25 @@ def run_up(config: UpConfig) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted during start-up; everything stopped")
     return 0
+
+
+def _report_registered(redis_url: str, agent: AgentConfig) -> None:
+    """The last look at Redis before it stops: every worker has stopped, so each should
+    have deregistered."""
+    try:
+        client = connect(redis_url, timeout_s=2.0)
+        try:
+            registry = WorkerRegistry(client, RedisKeys(agent.key_prefix), agent.lease_s)
+            left = [w.worker_id for w in registry.list_workers()]
+        finally:
+            client.close()
+    except (redis.RedisError, OSError, RedisAuthError) as err:
+        log.warning("worker registry unreadable at exit: %r", err)
+        return
+    if left:
+        log.warning("at exit %d workers are still registered (leases lapse): %s", len(left), left)
+    else:
+        log.info("at exit every worker has deregistered")
 
 
 def interrupt_on_sigterm() -> None:

@@ -41,7 +41,7 @@ from pdserve.kv_transfer.handoff import (
 )
 from pdserve.proto import common_pb2, worker_pb2
 from pdserve.proto.params import params_from_proto
-from pdserve.worker.checks import check_prompt, check_request_id
+from pdserve.worker.checks import PromptLimits, check_prompt, check_request_id
 from pdserve.worker.convert import destination_to_proto, first_token_from_proto, step_to_chunk
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,9 @@ class DecodeService:
         self.backend = backend
         self.config = config
         self.table = ReservationTable()
-        self._vocab_size = engine.engine.model_config.vocab_size
+        self._limits = PromptLimits(
+            engine.engine.model_config.vocab_size, engine.engine.max_model_len
+        )
         self._drain_s = receiver_timeout_s + 5.0  # the receiver ends every transfer by then
         self._background: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
@@ -105,7 +107,9 @@ class DecodeService:
     ) -> worker_pb2.ReserveKVResponse:
         request_id = check_request_id(request.request_id)
         prompt = check_prompt(request.prompt_token_ids)
-        self._check_token_ids(prompt, "prompt_token_ids")
+        self._limits.check_token_ids(prompt, "prompt_token_ids")
+        self._limits.check_context(len(prompt))
+        self._check_pool_fits(prompt)
         if request_id in self.table:
             raise ValueError(f"request {request_id!r} already holds a KV reservation here")
         blocks = await self._reserve_blocks(request_id, prompt)
@@ -172,6 +176,7 @@ class DecodeService:
     ) -> AsyncIterator[common_pb2.TokenChunk]:
         """Wait for the KV, then stream the tokens after the first one."""
         request_id = check_request_id(request.request_id)
+        params, first_token, timeout_s = self._decode_inputs(request)  # before claiming it
         reservation = self.table.claim(request_id)
         if reservation is None:
             raise PreconditionFailed(
@@ -181,8 +186,7 @@ class DecodeService:
             )
         opened = False
         try:
-            params, first_token = self._decode_inputs(request, reservation)
-            timeout_s = request.transfer_timeout_s or self.config.default_transfer_timeout_s
+            _check_same_prompt(request, reservation)
             called_s = time.monotonic()
             waited_s = await self._await_transfer(reservation, timeout_s)
             prompt = list(reservation.prompt_token_ids)
@@ -210,22 +214,24 @@ class DecodeService:
                 self._spawn(self._discard(reservation, "Decode did not start"))
 
     def _decode_inputs(
-        self, request: worker_pb2.DecodeRequest, reservation: Reservation
-    ) -> tuple[SamplingParams, int]:
-        if tuple(request.prompt_token_ids) != reservation.prompt_token_ids:
-            raise ValueError(
-                f"Decode prompt ({len(request.prompt_token_ids)} tokens) differs from the one "
-                f"reserved for {reservation.request_id!r} ({len(reservation.prompt_token_ids)} "
-                "tokens); send the same prompt to ReserveKV, Prefill and Decode"
-            )
+        self, request: worker_pb2.DecodeRequest
+    ) -> tuple[SamplingParams, int, float]:
+        """Params, first token and transfer timeout; ValueError naming a bad one."""
         params = params_from_proto(request.params)
         if params.n != 1:
             raise ValueError(f"disaggregated serving takes n == 1, got n={params.n}")
         if not request.HasField("first_token"):
             raise ValueError("Decode needs first_token: the prefill worker's first event")
         first_token = first_token_from_proto(request.first_token)
-        self._check_token_ids([first_token], "first_token")
-        return params, first_token
+        self._limits.check_token_ids([first_token], "first_token")
+        self._limits.check_context(len(request.prompt_token_ids), params.max_tokens)
+        if not 0.0 <= request.transfer_timeout_s < float("inf"):  # also refuses NaN
+            raise ValueError(
+                "transfer_timeout_s must be a finite number of seconds >= 0 (0: this "
+                f"worker's default), got {request.transfer_timeout_s}"
+            )
+        timeout_s = request.transfer_timeout_s or self.config.default_transfer_timeout_s
+        return params, first_token, timeout_s
 
     async def _await_transfer(self, reservation: Reservation, timeout_s: float) -> float:
         """Seconds waited; TransferFailed / TransferTimedOut / RequestCancelled otherwise."""
@@ -284,10 +290,24 @@ class DecodeService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _check_token_ids(self, token_ids: list[int], field: str) -> None:
-        bad = [t for t in token_ids if t >= self._vocab_size]
-        if bad:
-            raise ValueError(f"{field} must be in [0, {self._vocab_size}); got {bad[:5]}")
+    def _check_pool_fits(self, prompt: list[int]) -> None:
+        """A prompt this worker could never hold is bad input, not back-pressure."""
+        kv = self.engine.engine.kv
+        blocks = kv.num_blocks_for_tokens(len(prompt))
+        if blocks > kv.num_blocks:
+            raise ValueError(
+                f"prompt_token_ids: {len(prompt)} tokens need {blocks} KV blocks; this "
+                f"worker's pool holds {kv.num_blocks}"
+            )
+
+
+def _check_same_prompt(request: worker_pb2.DecodeRequest, reservation: Reservation) -> None:
+    if tuple(request.prompt_token_ids) != reservation.prompt_token_ids:
+        raise ValueError(
+            f"Decode prompt ({len(request.prompt_token_ids)} tokens) differs from the one "
+            f"reserved for {reservation.request_id!r} ({len(reservation.prompt_token_ids)} "
+            "tokens); send the same prompt to ReserveKV, Prefill and Decode"
+        )
 
 
 def _stamp_phase_times(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -39,12 +40,19 @@ class SamplingParams:
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
         _check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
+        _check(
+            math.isfinite(self.temperature), f"temperature must be finite, got {self.temperature}"
+        )
         _check(self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
         _check(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}")
         _check(
             self.repetition_penalty > 0.0,
             f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+        )
+        _check(
+            math.isfinite(self.repetition_penalty),
+            f"repetition_penalty must be finite, got {self.repetition_penalty}",
         )
         _check(
             -2.0 <= self.presence_penalty <= 2.0,

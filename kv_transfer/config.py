@@ -51,6 +51,9 @@ class TransferConfig:
     # sender and receiver poll NIXL themselves while transfers are open, which drives UCX.
     nixl_progress_thread: bool = False
     max_concurrent_sends: int = 4
+    # TCP receiver: connections served at once (a thread each); more are refused at once,
+    # so a flood of connections (or of silent ones) cannot pile up threads.
+    max_receive_connections: int = 256
     fault: FaultInjection | None = None
     stage_through_host: bool | None = None
     auth_key: bytes | None = field(default=None, repr=False)
@@ -66,8 +69,11 @@ class TransferConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.max_concurrent_sends < 1:
-            raise ValueError(f"max_concurrent_sends must be >= 1, got {self.max_concurrent_sends}")
+        if self.max_concurrent_sends < 1 or self.max_receive_connections < 1:
+            raise ValueError(
+                f"max_concurrent_sends and max_receive_connections must be >= 1, got "
+                f"{self.max_concurrent_sends}, {self.max_receive_connections}"
+            )
         if "tcp" not in self.ucx_tls.split(",") and self.ucx_tls != "all":
             raise ValueError(
                 f"ucx_tls={self.ucx_tls!r} lacks 'tcp'; UCX here refuses shared-memory-only "

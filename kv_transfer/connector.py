@@ -175,6 +175,14 @@ class KVSender(Protocol):
         """
         ...
 
+    def check_destination(
+        self, transfer_id: str, peer: bytes, dst_block_ids: Sequence[int]
+    ) -> None:
+        """ValueError naming the problem when ``send`` would refuse this destination
+        (metadata malformed or of another backend, pool format, ids, transfer id); no
+        connection is made."""
+        ...
+
     def stats(self) -> TransferStats: ...
 
     def close(self) -> None: ...

@@ -62,18 +62,9 @@ class SenderBase:
     ) -> TransferHandle:
         layout = self._require_layout()
         src = check_block_ids(src_block_ids, layout.num_blocks, "source blocks")
-        dst = check_block_ids(dst_block_ids, _ANY_BLOCK, "destination blocks")
-        if len(src) != len(dst):
-            raise ValueError(f"{len(src)} source blocks but {len(dst)} destination blocks")
-        info = decode_peer(peer, self.backend_name)
-        # Records in the receiver's pool format: ours, or converted to its (convert.py);
-        # int8 records only between float pools.
-        converted = converts(layout, info.layout)
-        int8 = self.config.int8 and not converted and layout.dtype != torch.int8
-        check_peer(layout, info, dst, int8)
-        wire = info.layout if converted else layout
-        header = TransferHeader.for_layout(wire, transfer_id, dst, int8)
-        header.encode()  # raises ValueError now on a transfer id the wire cannot carry
+        info, header = self._plan(transfer_id, peer, dst_block_ids)
+        if len(src) != header.num_blocks:
+            raise ValueError(f"{len(src)} source blocks but {header.num_blocks} destination blocks")
         target = self._connect(info, peer)
         handle = TransferHandle(transfer_id)
         with self._lock:
@@ -83,6 +74,12 @@ class SenderBase:
         deadline_s = time.monotonic() + self.config.timeout_s
         self._submit(lambda: self._run(handle, target, header, src, deadline_s))
         return handle
+
+    def check_destination(
+        self, transfer_id: str, peer: bytes, dst_block_ids: Sequence[int]
+    ) -> None:
+        """What ``send`` checks before it connects, alone: ValueError naming the problem."""
+        self._plan(transfer_id, peer, dst_block_ids)
 
     def stats(self) -> TransferStats:
         # Count unfinished handles, not ``_live`` (a handle leaves it just after it ends): a
@@ -105,6 +102,9 @@ class SenderBase:
 
     def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
         """Backend setup that needs the pool (e.g. NIXL memory registration)."""
+
+    def _check_fields(self, peer: PeerInfo) -> None:
+        """ValueError when the peer's backend fields (address, buffers) are malformed."""
 
     def _connect(self, peer: PeerInfo, raw: bytes) -> Any:
         """Resolve the peer into whatever ``_transfer`` needs (cached by the backend)."""
@@ -142,6 +142,23 @@ class SenderBase:
         if self._layout is None:
             raise ValueError("register_pool(pool) must be called before send()")
         return self._layout
+
+    def _plan(
+        self, transfer_id: str, peer: bytes, dst_block_ids: Sequence[int]
+    ) -> tuple[PeerInfo, TransferHeader]:
+        layout = self._require_layout()
+        dst = check_block_ids(dst_block_ids, _ANY_BLOCK, "destination blocks")
+        info = decode_peer(peer, self.backend_name)
+        # Records in the receiver's pool format: ours, or converted to its (convert.py);
+        # int8 records only between float pools.
+        converted = converts(layout, info.layout)
+        int8 = self.config.int8 and not converted and layout.dtype != torch.int8
+        check_peer(layout, info, dst, int8)
+        self._check_fields(info)
+        wire = info.layout if converted else layout
+        header = TransferHeader.for_layout(wire, transfer_id, dst, int8)
+        header.encode()  # raises ValueError now on a transfer id the wire cannot carry
+        return info, header
 
     def _run(
         self,

@@ -80,10 +80,12 @@ class ExpectationTable:
             return self._by_id.get(transfer_id)
 
     def wait_for(self, transfer_id: str, timeout_s: float) -> Expectation | None:
-        """The expectation for ``transfer_id``, waiting up to ``timeout_s`` for ``expect``."""
+        """The expectation for ``transfer_id``, waiting up to ``timeout_s`` for ``expect``;
+        None at once when that transfer recently ended (a replay)."""
         with self._cond:
             self._cond.wait_for(
-                lambda: transfer_id in self._by_id or self._closed, timeout=timeout_s
+                lambda: transfer_id in self._by_id or transfer_id in self._recent or self._closed,
+                timeout=timeout_s,
             )
             return self._by_id.get(transfer_id)
 

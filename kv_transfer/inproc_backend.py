@@ -27,9 +27,10 @@ class InprocSender(SenderBase):
     backend_name = "inproc"
 
     def _connect(self, peer: PeerInfo, raw: bytes) -> InprocReceiver:
-        receiver = _RECEIVERS.get(str(peer.fields["key"]))
+        key = str(peer.fields.get("key"))
+        receiver = _RECEIVERS.get(key)
         if receiver is None:
-            raise ValueError(f"in-process receiver {peer.fields['key']!r} is gone (closed?)")
+            raise ValueError(f"in-process receiver {key!r} is gone (closed?)")
         return receiver
 
     def _submit(self, job: Callable[[], None]) -> None:

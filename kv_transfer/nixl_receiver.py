@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 _BUSY_POLL_S = 0.0005  # while transfers are expected: notification latency <= 0.5 ms
 _IDLE_POLL_S = 0.01
+# Notices held for transfers not expected yet: bounded, so a flood of notices naming
+# unknown transfers cannot grow memory until their timeout. A real transfer sends 2.
+_MAX_EARLY_TRANSFERS = 1024
+_MAX_EARLY_NOTICES_PER_TRANSFER = 4
 
 
 class NixlReceiver(ReceiverBase):
@@ -110,8 +114,19 @@ class NixlReceiver(ReceiverBase):
         elif self.table.recently_ended(header.transfer_id):
             log.info("late %r notice for ended transfer %r dropped", kind, header.transfer_id)
         else:
-            arrival = (time.monotonic(), kind, header)
-            self._early.setdefault(header.transfer_id, []).append(arrival)
+            self._keep_early(kind, header)
+
+    def _keep_early(self, kind: bytes, header: TransferHeader) -> None:
+        held = self._early.get(header.transfer_id)
+        if (held is None and len(self._early) >= _MAX_EARLY_TRANSFERS) or (
+            held is not None and len(held) >= _MAX_EARLY_NOTICES_PER_TRANSFER
+        ):
+            tid = header.transfer_id
+            log.warning("NIXL notice %r for unexpected transfer %r dropped", kind, tid)
+            self._counters.record_failed(0.0)
+            return
+        arrival = (time.monotonic(), kind, header)
+        self._early.setdefault(header.transfer_id, []).append(arrival)
 
     def _replay_early(self) -> None:
         now = time.monotonic()

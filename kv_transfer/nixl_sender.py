@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ class _Peer:
     agent_name: str
     pool_descs: Any  # prepared remote descriptor list, one entry per pool block
     staging_descs: Any | None  # the same for the int8 staging slots, when used
+    metadata: bytes  # the receiver's connection metadata these were prepared from
 
 
 class NixlSender(SenderBase):
@@ -72,30 +74,70 @@ class NixlSender(SenderBase):
             self._agent.register(self._staging)
             self._local_staging = self._agent.prep_blocks("", self._staging.data_ptr(), n, rec)
 
+    def check_destination(
+        self, transfer_id: str, peer: bytes, dst_block_ids: Sequence[int]
+    ) -> None:
+        """Also loads the peer's agent metadata (NIXL connects lazily: nothing is sent),
+        so metadata NIXL refuses is refused here too."""
+        info, _ = self._plan(transfer_id, peer, dst_block_ids)
+        self._connect(info, peer)
+
     def _connect(self, peer: PeerInfo, raw: bytes) -> _Peer:
         name = str(peer.fields["agent"])
         with self._connect_lock:
             known = self._peers.get(name)
             if known is None:
-                known = self._add_peer(name, peer)
+                known = self._add_peer(name, peer, raw)
                 self._peers[name] = known
+            elif known.metadata != raw:  # an agent's metadata never changes
+                raise ValueError(
+                    f"peer metadata names NIXL agent {name!r} but differs from that agent's"
+                )
             return known
 
-    def _add_peer(self, name: str, peer: PeerInfo) -> _Peer:
-        remote = self._agent.add_remote(peer.blob)
-        assert remote == name, f"NIXL metadata names agent {remote!r}, fields say {name!r}"
+    def _check_fields(self, peer: PeerInfo) -> None:
+        fields = peer.fields
+        addresses = ("pool_addr", "staging_addr") if peer.int8 else ("pool_addr",)
+        if not isinstance(fields.get("agent"), str) or not all(
+            type(fields.get(a)) is int for a in addresses
+        ):
+            raise ValueError(
+                f"peer metadata needs a NIXL agent name and buffer addresses {addresses}, got "
+                f"{fields!r:.200}"
+            )
+        _pool_segment(fields)
+
+    def _add_peer(self, name: str, peer: PeerInfo, raw: bytes) -> _Peer:
+        """Load the peer's agent metadata and prepare its blocks; ValueError when NIXL
+        refuses them (not a NIXL agent's metadata, or buffers the peer never registered:
+        NIXL checks every remote block against the peer's registered memory)."""
+        try:
+            remote = self._agent.add_remote(peer.blob)
+        except Exception as exc:  # nixl raises its own binding error types
+            raise ValueError(f"peer agent metadata refused by NIXL: {exc!r}") from exc
+        try:
+            if remote != name:
+                raise ValueError(f"peer NIXL metadata names agent {remote!r}, fields say {name!r}")
+            return self._prep_peer(name, peer, raw)
+        except Exception as exc:
+            if remote not in self._peers:  # a known peer's connection stays in use
+                self._agent.remove_remote(remote)
+            if isinstance(exc, ValueError):
+                raise
+            raise ValueError(f"peer buffers refused by NIXL: {exc!r}") from exc
+
+    def _prep_peer(self, name: str, peer: PeerInfo, raw: bytes) -> _Peer:
         layout, fields = peer.layout, peer.fields
-        # A receiver from before GPU pools sends no segment: its pool is host memory.
-        segment = (str(fields.get("pool_segment", "DRAM")), int(fields.get("pool_device", 0)))
+        segment = _pool_segment(fields)
         pool_descs = self._agent.prep_blocks(
-            name, int(fields["pool_addr"]), layout.num_blocks, layout.block_bytes, segment
+            name, fields["pool_addr"], layout.num_blocks, layout.block_bytes, segment
         )
         staging = None
         if peer.int8:
             staging = self._agent.prep_blocks(
-                name, int(fields["staging_addr"]), layout.num_blocks, quant.record_bytes(layout)
+                name, fields["staging_addr"], layout.num_blocks, quant.record_bytes(layout)
             )
-        return _Peer(name, pool_descs, staging)
+        return _Peer(name, pool_descs, staging, raw)
 
     def _on_failure(self, target: _Peer, error: Exception) -> None:
         if isinstance(error, TimeoutError):
@@ -201,3 +243,15 @@ class NixlSender(SenderBase):
             self._agent.flush(_FLUSH_S)
         except Exception as exc:  # the peer is likely gone; its deadline covers it
             log.info("NIXL failure notice to %s not sent: %s", agent_name, exc)
+
+
+def _pool_segment(fields: dict[str, object]) -> tuple[str, int]:
+    """The receiver pool's NIXL memory segment (kind, device id); ValueError on anything
+    else. A receiver that names none has its pool in host memory."""
+    kind, device_id = fields.get("pool_segment", "DRAM"), fields.get("pool_device", 0)
+    if kind not in ("DRAM", "VRAM") or type(device_id) is not int or device_id < 0:
+        raise ValueError(
+            f"peer pool segment must be DRAM or VRAM with a device id >= 0, got "
+            f"{kind!r:.20} {device_id!r:.20}"
+        )
+    return str(kind), device_id

@@ -36,6 +36,7 @@ from pdserve.kv_transfer.handshake import (
 from pdserve.kv_transfer.layout import KVPoolLayout, pool_bytes
 from pdserve.kv_transfer.metadata import PeerInfo, encode_peer
 from pdserve.kv_transfer.sockets import (
+    ACK_ERROR,
     ACK_OK,
     encode_ack,
     read_ack,
@@ -72,6 +73,11 @@ class TcpSender(SenderBase):
 
     def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
         self._staged = stages_through_host(pool, self.config.stage_through_host)
+
+    def _check_fields(self, peer: PeerInfo) -> None:
+        host, port = peer.fields.get("host"), peer.fields.get("port")
+        if not isinstance(host, str) or not host or type(port) is not int or not 0 < port < 65536:
+            raise ValueError(f"peer metadata needs a TCP host and port, got {host!r}:{port!r}")
 
     def _connect(self, peer: PeerInfo, raw: bytes) -> Address:
         check_auth_settings(peer.auth, self.config.auth_key)
@@ -163,6 +169,7 @@ class TcpReceiver(ReceiverBase):
         self._accept_thread: threading.Thread | None = None
         self._closed = threading.Event()
         self._staged = False
+        self._connection_slots = threading.BoundedSemaphore(config.max_receive_connections)
 
     def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
         self._staged = stages_through_host(pool, self.config.stage_through_host)
@@ -204,7 +211,25 @@ class TcpReceiver(ReceiverBase):
                 if not self._closed.is_set():
                     log.error("KV TCP listener %s failed: %s", self.address, exc)
                 return
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+            if not self._connection_slots.acquire(blocking=False):
+                self._refuse_busy(conn)
+                continue
+            threading.Thread(target=self._serve_in_slot, args=(conn, peer), daemon=True).start()
+
+    def _refuse_busy(self, conn: socket.socket) -> None:
+        """Answer at once from the accept thread, without draining the peer's input (that
+        would block accepting): a peer that already wrote may see a reset instead."""
+        limit = self.config.max_receive_connections
+        with conn:
+            send_quietly(conn, encode_ack(ACK_ERROR, f"receiver busy: {limit} connections open"))
+        self._counters.record_failed(0.0)
+        log.info("KV TCP receiver refused a connection: %d open", limit)
+
+    def _serve_in_slot(self, conn: socket.socket, peer: Address) -> None:
+        try:
+            self._serve(conn, peer)
+        finally:
+            self._connection_slots.release()
 
     def _serve(self, conn: socket.socket, peer: Address) -> None:
         with conn:
@@ -249,20 +274,28 @@ class TcpReceiver(ReceiverBase):
             self._counters.record_failed(0.0)
             reject(conn, f"{type(exc).__name__}: {exc}")
             return None, None
-        exp = self.table.wait_for(header.transfer_id, self.config.timeout_s)
+        tid = header.transfer_id
+        exp = self.table.wait_for(tid, self.config.timeout_s)
         if exp is None:
             self._counters.record_failed(0.0)
-            error = f"no expect() for transfer {header.transfer_id!r} within the timeout"
-            reject(conn, error)
+            if self.table.recently_ended(tid):
+                reject(conn, f"transfer {tid!r} already ended; a transfer is received once")
+            else:
+                reject(conn, f"no expect() for transfer {tid!r} within the timeout")
+            return None, None
+        # Claim before validating: a second connection for a transfer in progress is
+        # refused without failing it, since the first may still be writing its blocks.
+        if not self.table.start(exp, claim=True):
+            if exp.handle.finished:
+                reject(conn, f"transfer {tid!r} already ended: {exp.handle.error}")
+            else:
+                reject(conn, f"transfer {tid!r} is being received on another connection")
             return None, None
         try:
             validate_header(header, self.layout, exp.dst_block_ids)
         except ValueError as exc:
             self.table.fail(exp, str(exc))
             reject(conn, str(exc))
-            return None, None
-        if not self.table.start(exp, claim=True):
-            reject(conn, f"transfer ended: {exp.handle.error}")
             return None, None
         return exp, header
 

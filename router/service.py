@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,6 +45,9 @@ class RouterService:
 
     async def stop(self, grace_s: float | None = 5.0) -> None:
         """Stop taking requests, let running ones finish for ``grace_s``, close channels."""
+        # uvicorn otherwise waits for every open HTTP stream to end, however long it runs
+        # (it takes whole seconds).
+        self.http_server.config.timeout_graceful_shutdown = math.ceil(grace_s or 0)
         self.http_server.should_exit = True
         await self.grpc_server.stop(grace_s)
         await self._http_task

@@ -44,7 +44,7 @@ def first_token_from_proto(chunk: common_pb2.TokenChunk) -> int:
         )
     if chunk.finish_reason:
         raise ValueError(
-            f"the first token already finished the request ({chunk.finish_reason!r}); "
+            f"first_token already finished the request ({chunk.finish_reason!r}); "
             "there is nothing to decode"
         )
     return int(chunk.token_ids[0])

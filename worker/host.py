@@ -22,16 +22,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from pdserve.engine.model.registry import resolve_model
 from pdserve.engine.sampling_params import SamplingParams
-from pdserve.proto import worker_pb2_grpc
 from pdserve.proto.workers import WorkerInfo, WorkerRole
 from pdserve.worker import server as ws
 from pdserve.worker.cluster_secret import ClusterSecret
@@ -44,8 +43,10 @@ from pdserve.worker.engine_callbacks import (
 )
 from pdserve.worker.metrics import MetricsServer
 from pdserve.worker.mutual_tls import add_worker_port
+from pdserve.worker.raw_requests import add_worker_service
 
 log = logging.getLogger("pdserve.worker_host")
+T = TypeVar("T")
 
 
 @dataclass(slots=True, frozen=True)
@@ -135,6 +136,19 @@ class WorkerHost:
                 raise TimeoutError(f"worker {self.spec.worker_id} not ready in {timeout_s} s")
         assert self._hosted is not None, "ready without a hosted worker"
         return self._hosted
+
+    @property
+    def roles(self) -> ws.WorkerRoles | None:
+        """The worker's engine and role services once its model is loaded (None before)."""
+        return self._roles
+
+    def run_on_loop(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Run ``coro`` on the worker's event loop (where its services live); its result."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            coro.close()
+            raise RuntimeError(f"worker {self.spec.worker_id} is not running")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout_s)
 
     def wait_stopped(self, timeout_s: float | None = None) -> bool:
         return self._done.wait(timeout_s)
@@ -230,15 +244,14 @@ class WorkerHost:
         loop, roles = self._loop, self._roles
         if loop is None or roles is None or loop.is_closed():
             return 0
-        future = asyncio.run_coroutine_threadsafe(roles.engine.stats(), loop)
-        load = load_from_stats(future.result(10.0))
+        load = load_from_stats(self.run_on_loop(roles.engine.stats(), 10.0))
         held = dict(load.extra).get("held", 0.0)
         return load.running + load.waiting + int(held)
 
 
 def _grpc_server(servicer: ws.WorkerServicer, health_servicer: Any) -> grpc.aio.Server:
     server = grpc.aio.server(options=ws.SERVER_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    add_worker_service(server, servicer)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     return server
 

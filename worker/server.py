@@ -59,6 +59,7 @@ from pdserve.worker.convert import stats_to_proto
 from pdserve.worker.errors import status_for
 from pdserve.worker.metrics import MetricsServer, start_metrics_server, stats_fn_on_loop
 from pdserve.worker.mutual_tls import add_worker_port, worker_channel_factory
+from pdserve.worker.raw_requests import add_worker_service
 
 log = logging.getLogger("pdserve.worker")
 T = TypeVar("T")
@@ -272,7 +273,7 @@ async def serve(
     servicer = WorkerServicer(config)
     health_servicer = health.aio.HealthServicer()
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+    add_worker_service(server, servicer)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = add_worker_port(server, f"{config.host}:{config.port}", config.secret)
     await server.start()

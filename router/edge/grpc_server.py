@@ -9,14 +9,15 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
 import grpc
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pdserve.proto import inference_pb2
+from pdserve.proto.parsing import parse_request
 from pdserve.router.config import RouterConfig
 from pdserve.router.edge.convert import fill_chunk
 from pdserve.router.edge.errors import InvalidRequestError, classify, grpc_trailing_metadata
@@ -31,7 +32,6 @@ SERVICE = "pdserve.v1.Inference"
 # A client deadline above this is refused: gRPC timeouts past ~1e9 s overflow (worker calls
 # then fail at once), and no generation request needs more than a day.
 MAX_DEADLINE_S = 24 * 3600.0
-M = TypeVar("M", bound=Message)
 GenerateTextResponse = inference_pb2.GenerateTextResponse
 
 
@@ -50,7 +50,7 @@ class InferenceService:
         # of async generator costs each chunk a resume, and this runs per chunk.
         held: ChunkEvent | None = None  # the final chunk waits for the usage figures
         try:
-            inp = self._input(_parse(inference_pb2.GenerateTextRequest, raw))
+            inp = self._input(parse_request(inference_pb2.GenerateTextRequest, raw))
             request_id = inp.request_id
             async for event in self.frontend.generate(inp):
                 if isinstance(event, Summary):
@@ -89,7 +89,7 @@ class InferenceService:
         self, raw: bytes, context: grpc.aio.ServicerContext
     ) -> inference_pb2.TokenizeResponse:
         try:
-            request = _parse(inference_pb2.TokenizeRequest, raw)
+            request = parse_request(inference_pb2.TokenizeRequest, raw)
             self.frontend.resolve_model(request.model)
             which = request.WhichOneof("input")
             if which == "text":
@@ -108,7 +108,7 @@ class InferenceService:
         self, raw: bytes, context: grpc.aio.ServicerContext
     ) -> inference_pb2.ListModelsResponse:
         try:
-            _parse(inference_pb2.ListModelsRequest, raw)
+            parse_request(inference_pb2.ListModelsRequest, raw)
         except Exception as err:
             await _abort(context, err)
         ctx = self.frontend.max_context_tokens
@@ -136,15 +136,6 @@ class InferenceService:
 
 def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
-
-
-def _parse(cls: type[M], raw: bytes) -> M:
-    try:
-        return cls.FromString(raw)
-    except DecodeError as err:
-        raise ValueError(
-            f"request: not a valid {cls.DESCRIPTOR.full_name} protobuf ({len(raw)} bytes): {err}"
-        ) from err
 
 
 def _deadline_s(request: inference_pb2.GenerateTextRequest) -> float:

@@ -25,11 +25,15 @@ TEST_ARGS = ("--num-blocks", "256")
 TEST_ENV = {"PDSERVE_TORCH_THREADS": "1"}
 
 
-def start_up(tmp_dir: Path, *args: str, env: Mapping[str, str] | None = None) -> UpProcess:
+def start_up(
+    tmp_dir: Path, *args: str, env: Mapping[str, str] | None = None, new_session: bool = False
+) -> UpProcess:
     """Launch `pdserve up` (not waiting: workers load while the caller does other work);
     ``env`` adds variables to the test ones."""
     child_env = {**TEST_ENV, **(env or {})}
-    return up_process.start_up(tmp_dir, (*TEST_ARGS, *args), child_env, kill_leftovers=False)
+    return up_process.start_up(
+        tmp_dir, (*TEST_ARGS, *args), child_env, kill_leftovers=False, new_session=new_session
+    )
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Hypothesis strategies for the router's gRPC API: malformed protobuf bytes and bad values.
+"""Hypothesis strategies for gRPC APIs: malformed protobuf bytes and bad values. The router's
+Inference API is described here; the worker fuzz (test_worker_fuzz.py) uses the same
+strategies over its own messages.
 
 The wire format is written by hand here (tags, varints, length prefixes) so that bytes no
 protobuf library would produce can be sent: truncated messages, huge or overlong length
@@ -56,16 +58,28 @@ REPLY_TYPES: dict[str, type[Message]] = {
 def call_raw(
     channel: grpc.Channel, rpc: str, raw: bytes
 ) -> tuple[grpc.StatusCode, str, list[Message]]:
-    """Send ``raw`` as the request bytes (no serializer); (code, details, parsed replies)."""
+    """An Inference RPC with ``raw`` as its request bytes; (code, details, parsed replies)."""
     method = f"/pdserve.v1.Inference/{rpc}"
+    return call_bytes(channel, method, raw, rpc == "Generate", REPLY_TYPES[rpc])
+
+
+def call_bytes(
+    channel: grpc.Channel,
+    method: str,
+    raw: bytes,
+    streaming: bool,
+    reply_type: type[Message],
+    timeout_s: float = 30.0,
+) -> tuple[grpc.StatusCode, str, list[Message]]:
+    """Send ``raw`` as the request bytes (no serializer); (code, details, parsed replies)."""
     try:
-        if rpc == "Generate":
-            replies = list(channel.unary_stream(method)(raw, timeout=30))
+        if streaming:
+            replies = list(channel.unary_stream(method)(raw, timeout=timeout_s))
         else:
-            replies = [channel.unary_unary(method)(raw, timeout=30)]
+            replies = [channel.unary_unary(method)(raw, timeout=timeout_s)]
     except grpc.RpcError as err:
         return err.code(), err.details() or "", []
-    return grpc.StatusCode.OK, "", [REPLY_TYPES[rpc].FromString(r) for r in replies]
+    return grpc.StatusCode.OK, "", [reply_type.FromString(r) for r in replies]
 
 
 def parses(cls: type[Message], raw: bytes) -> bool:
@@ -90,6 +104,17 @@ def reply_content(replies: list[Message]) -> list[Message]:
 
 def bad_generate_requests() -> st.SearchStrategy[tuple[str, inference_pb2.GenerateTextRequest]]:
     """Well-formed Generate requests with one value out of range: (field named, request)."""
+    with_params = bad_sampling_params(254).map(  # "hi" leaves room for 253 tokens
+        lambda np: (np[0], inference_pb2.GenerateTextRequest(text="hi", params=np[1]))
+    )
+    return with_params | _bad_request_fields()
+
+
+def bad_sampling_params(
+    max_tokens_over: int,
+) -> st.SearchStrategy[tuple[str, common_pb2.SamplingParams]]:
+    """Sampling parameters with one value out of range: (field named, params).
+    ``max_tokens_over``: the smallest max_tokens the prompt it goes with has no room for."""
     nan = st.just(math.nan)
     negative = st.floats(max_value=-1e-30)  # stays negative in float32
     floats = {
@@ -101,7 +126,7 @@ def bad_generate_requests() -> st.SearchStrategy[tuple[str, inference_pb2.Genera
         "frequency_penalty": st.floats(min_value=2.001) | st.floats(max_value=-2.001) | nan,
     }
     ints = {
-        "max_tokens": st.just(0) | st.integers(254, 2**32 - 1),  # "hi" leaves room for 253
+        "max_tokens": st.just(0) | st.integers(max_tokens_over, 2**32 - 1),
         "logprobs": st.integers(21, 2**32 - 1),
         "n": st.just(0) | st.integers(17, 2**32 - 1),
     }
@@ -111,10 +136,7 @@ def bad_generate_requests() -> st.SearchStrategy[tuple[str, inference_pb2.Genera
         .filter(lambda stop: "" in stop)
         .map(lambda stop: ("stop", common_pb2.SamplingParams(stop=stop)))
     )
-    with_params = st.one_of(params).map(
-        lambda np: (np[0], inference_pb2.GenerateTextRequest(text="hi", params=np[1]))
-    )
-    return with_params | _bad_request_fields()
+    return st.one_of(params)
 
 
 def _with_param(
@@ -171,9 +193,14 @@ def length_delimited(field_number: int, payload: bytes) -> bytes:
 
 
 def malformed(rpc: str) -> st.SearchStrategy[tuple[str, bytes]]:
-    """(family, bytes) for one RPC's request; most of them do not parse."""
-    descriptor = RPCS[rpc].DESCRIPTOR
-    valid = VALID_MESSAGES[rpc].SerializeToString()
+    """(family, bytes) for one Inference RPC's request; most of them do not parse."""
+    return malformed_bytes(VALID_MESSAGES[rpc])
+
+
+def malformed_bytes(valid_message: Message) -> st.SearchStrategy[tuple[str, bytes]]:
+    """(family, bytes) near ``valid_message``'s type and encoding; most do not parse."""
+    descriptor = valid_message.DESCRIPTOR
+    valid = valid_message.SerializeToString()
     families: list[st.SearchStrategy[tuple[str, bytes]]] = [
         st.binary(max_size=300).map(lambda b: ("random", b)),
         _huge_length_prefixes(descriptor).map(lambda b: ("huge-length", b)),

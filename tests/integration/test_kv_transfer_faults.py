@@ -38,6 +38,9 @@ LAYOUT = KVPoolLayout(16, 4, 4, 2, 8, torch.float32)
 SRC, DST = [0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]
 PAUSE_AFTER_BLOCKS = 3
 SEED = 11
+# Bounds, not measurements: what a transfer must manage (a spawned peer's send, an injected
+# header) on a machine busy with other jobs before a receiver's deadline fails it.
+RECEIVER_TIMEOUT_S = 10.0
 MULTI_PROCESS = ("nixl", "tcp")
 
 
@@ -58,7 +61,7 @@ def _eventually(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 def test_killed_sender_fails_the_receiver_and_frees_its_blocks(backend: str) -> None:
     fault = FaultInjection(pause_after_blocks=PAUSE_AFTER_BLOCKS, pause_s=60.0)
     sender_spec = EndpointSpec(backend, "sender", LAYOUT, TransferConfig(fault=fault), SEED)
-    receiver = make_receiver(backend, TransferConfig(timeout_s=3.0))
+    receiver = make_receiver(backend, TransferConfig(timeout_s=RECEIVER_TIMEOUT_S))
     pool = make_pool(LAYOUT, None)
     receiver.register_pool(pool)
     sender = PeerProcess([sender_spec])
@@ -71,8 +74,8 @@ def test_killed_sender_fails_the_receiver_and_frees_its_blocks(backend: str) -> 
         assert _eventually(lambda: torch.equal(pool[head], src_pool[SRC[:PAUSE_AFTER_BLOCKS]]))
         assert _eventually(lambda: handle.state is TransferState.TRANSFERRING)
         assert not torch.equal(pool[DST], src_pool[SRC])  # some blocks landed, not all
-        sender.kill()
-        assert handle.wait(10.0) is TransferState.FAILED
+        sender.kill()  # a NIXL receiver notices only at its deadline
+        assert handle.wait(RECEIVER_TIMEOUT_S + 10.0) is TransferState.FAILED
         expected = "after 3 of 8 blocks" if backend == "tcp" else "in state TRANSFERRING"
         assert expected in (handle.error or ""), handle.error
         stats = receiver.stats()
@@ -87,8 +90,9 @@ def test_killed_sender_fails_the_receiver_and_frees_its_blocks(backend: str) -> 
 @pytest.mark.parametrize("backend", MULTI_PROCESS)
 def test_killed_receiver_fails_the_sender(backend: str) -> None:
     receiver = PeerProcess([EndpointSpec(backend, "receiver", LAYOUT, TransferConfig())])
-    fault = FaultInjection(pause_after_blocks=PAUSE_AFTER_BLOCKS, pause_s=2.0)
-    sender = make_sender(backend, TransferConfig(timeout_s=8.0, io_timeout_s=2.0, fault=fault))
+    # The receiver is killed during the pause; the sender finds it dead when it resumes.
+    fault = FaultInjection(pause_after_blocks=PAUSE_AFTER_BLOCKS, pause_s=4.0)
+    sender = make_sender(backend, TransferConfig(timeout_s=10.0, io_timeout_s=2.0, fault=fault))
     sender.register_pool(make_pool(LAYOUT, SEED))
     try:
         tid = _tid()
@@ -97,7 +101,7 @@ def test_killed_receiver_fails_the_sender(backend: str) -> None:
         started = _eventually(lambda: receiver.outcome(tid).state is TransferState.TRANSFERRING)
         assert started and handle.state is TransferState.TRANSFERRING
         receiver.kill()
-        assert handle.wait(15.0) is TransferState.FAILED
+        assert handle.wait(20.0) is TransferState.FAILED
         assert handle.error and tid in handle.error
         assert sender.stats().transfers_failed == 1 and sender.stats().transfers_ok == 0
     finally:
@@ -166,7 +170,8 @@ def _inject(backend: str, receiver: object, header: TransferHeader, handle: Tran
 
 @pytest.fixture(params=BACKENDS)
 def local_receiver(request: pytest.FixtureRequest) -> Iterator[tuple[str, object]]:
-    receiver = make_receiver(str(request.param), TransferConfig(timeout_s=5.0, io_timeout_s=2.0))
+    config = TransferConfig(timeout_s=RECEIVER_TIMEOUT_S, io_timeout_s=2.0)
+    receiver = make_receiver(str(request.param), config)
     receiver.register_pool(make_pool(LAYOUT, None))
     yield str(request.param), receiver
     receiver.close()
@@ -190,7 +195,7 @@ def test_receiver_rejects_mismatched_headers_precisely(
     tid = _tid()
     handle: TransferHandle = receiver.expect(tid, DST[:4])  # type: ignore[attr-defined]
     rejection = _inject(backend, receiver, _header(tid, **change), handle)
-    assert handle.wait(10.0) is TransferState.FAILED
+    assert handle.wait(RECEIVER_TIMEOUT_S) is TransferState.FAILED
     assert message in (handle.error or ""), handle.error
     if backend != "nixl":
         assert message in rejection, rejection
@@ -203,9 +208,11 @@ def _header(tid: str, **change: object) -> TransferHeader:
 
 
 def test_tcp_receiver_rejects_corrupt_and_short_frames() -> None:
-    receiver = TcpReceiver(TransferConfig(timeout_s=2.0, io_timeout_s=2.0))
-    pool = make_pool(LAYOUT, None)
-    receiver.register_pool(pool)
+    receiver = TcpReceiver(TransferConfig(timeout_s=RECEIVER_TIMEOUT_S, io_timeout_s=2.0))
+    receiver.register_pool(make_pool(LAYOUT, None))
+    # A header naming no expected transfer waits the timeout for its expect(): a short one.
+    impatient = TcpReceiver(TransferConfig(timeout_s=0.5, io_timeout_s=0.5))
+    impatient.register_pool(make_pool(LAYOUT, None))
     try:
         tid = _tid()
         handle = receiver.expect(tid, DST[:4])
@@ -219,16 +226,18 @@ def test_tcp_receiver_rejects_corrupt_and_short_frames() -> None:
         rejection = _inject_tcp(receiver, wire, two_blocks + b"\x01" * 100)
         assert handle.wait(5.0) is TransferState.FAILED
         assert "short frame" in (handle.error or "") and "after 2 of 4 blocks" in rejection
-        unexpected = _inject_tcp(receiver, _header(_tid()).encode())
+        unexpected = _inject_tcp(impatient, _header(_tid()).encode())
         assert "no expect() for transfer" in unexpected
         assert receiver.stats().transfers_ok == 0
     finally:
         receiver.close()
+        impatient.close()
 
 
 def test_tcp_receiver_refuses_a_sender_of_the_retired_int8_wire_version() -> None:
     # Wire version 1 had another int8 record size, so its records cannot be parsed at all.
-    receiver = TcpReceiver(TransferConfig(timeout_s=2.0, io_timeout_s=2.0, int8=True))
+    config = TransferConfig(timeout_s=RECEIVER_TIMEOUT_S, io_timeout_s=2.0, int8=True)
+    receiver = TcpReceiver(config)
     receiver.register_pool(make_pool(LAYOUT, None))
     try:
         tid = _tid()

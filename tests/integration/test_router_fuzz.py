@@ -29,11 +29,12 @@ import httpx
 import pytest
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pdserve.proto import common_pb2, inference_pb2
 from pdserve.router.edge.grpc_server import MAX_DEADLINE_S
+from tests.integration.fuzzing import fuzz
 from tests.integration.grpc_fuzz import (
     RPCS,
     VALID_MESSAGES,
@@ -58,16 +59,6 @@ PROMPT_LIMIT_TOKENS = 255  # FakeCharTokenizer: 256-token context, one token per
 MIN_BAD_HTTP_REQUESTS = 1000
 MIN_BAD_GRPC_REQUESTS = 300
 S = grpc.StatusCode
-
-
-def fuzz(max_examples: int) -> settings:
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
 
 
 @dataclass

@@ -13,6 +13,8 @@ from pdserve.engine.sampling_params import SamplingParams
         ({"top_p": 0.0}, "top_p must be in (0, 1]"),
         ({"top_p": 1.5}, "top_p must be in (0, 1]"),
         ({"temperature": -0.1}, "temperature must be >= 0"),
+        ({"temperature": float("inf")}, "temperature must be finite"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty must be finite"),
         ({"top_k": -1}, "top_k must be >= 0"),
         ({"min_p": 2.0}, "min_p must be in [0, 1]"),
         ({"n": 0}, "n must be in [1, 16]"),
