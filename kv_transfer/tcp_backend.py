@@ -335,26 +335,37 @@ class TcpReceiver(ReceiverBase):
                 yield 1
             return
         staging = HostStaging(self.pool, _CHUNK_BLOCKS) if self._staged else None
-        rec_bytes = header.record_bytes()
         for start in range(0, len(dst), _CHUNK_BLOCKS):
             chunk = list(dst[start : start + _CHUNK_BLOCKS])
             self._check_open()
-            if not header.int8:
-                assert staging is not None, "plain records unstaged go straight to the pool"
-                rows = staging.buffer(len(chunk))  # [n, *pool block] in host memory
-                recv_into_exact(conn, pool_bytes(rows).reshape(-1).data, deadline_s, io_s)
-                staging.scatter(rows, chunk)
-                yield len(chunk)
-                continue
-            records = torch.empty((len(chunk), rec_bytes), dtype=torch.uint8)
-            recv_into_exact(conn, records.numpy().reshape(-1).data, deadline_s, io_s)
-            if staging is None:
-                quant.decode_records_into(records, self.pool, chunk, self.layout)
-            else:  # dequantize on the host, then one copy to the device
-                rows = staging.buffer(len(chunk))
-                quant.decode_records_into(records, rows, list(range(len(chunk))), self.layout)
-                staging.scatter(rows, chunk)
+            self._receive_chunk(conn, header, chunk, staging, deadline_s)
             yield len(chunk)
+
+    def _receive_chunk(
+        self,
+        conn: socket.socket,
+        header: TransferHeader,
+        chunk: list[int],
+        staging: HostStaging | None,
+        deadline_s: float,
+    ) -> None:
+        """One chunk's records into ``pool[chunk]``: through the host buffers of a staged
+        pool; int8 records dequantized on the host side of that copy."""
+        io_s = self.config.io_timeout_s
+        if not header.int8:
+            assert staging is not None, "unstaged plain records go straight into the pool"
+            rows = staging.buffer(len(chunk))  # [n, *pool block] in host memory
+            recv_into_exact(conn, pool_bytes(rows).reshape(-1).data, deadline_s, io_s)
+            staging.scatter(rows, chunk)
+            return
+        records = torch.empty((len(chunk), header.record_bytes()), dtype=torch.uint8)
+        recv_into_exact(conn, records.numpy().reshape(-1).data, deadline_s, io_s)
+        if staging is None:
+            quant.decode_records_into(records, self.pool, chunk, self.layout)
+            return
+        rows = staging.buffer(len(chunk))
+        quant.decode_records_into(records, rows, list(range(len(chunk))), self.layout)
+        staging.scatter(rows, chunk)
 
     def _check_open(self) -> None:
         """Stop writing into the pool once close() began: the caller may free it."""
