@@ -8,12 +8,10 @@ as a starting point to validate on a GPU with ``tests/unit/test_attention.py``.
 never pulls in CUDA code. All chunks of a step run in one ``flash_attn_varlen_func`` call with
 ``causal=True``; flash-attn (>= 2.1) aligns the causal mask bottom-right, which is exactly
 "every cached position plus the causal part of the chunk" for chunks starting at
-``start_pos > 0``. Two ways to reach the K/V:
-
-* block size a multiple of 256 (flash-attn's paged-KV page size rule): pass the pool's
-  per-layer K/V views ``[num_blocks, block_size, kv_heads, head_dim]`` and a block table;
-* otherwise: gather each chunk's blocks into packed ``[total_context, kv_heads, head_dim]``
-  K/V first (one ``index_select`` per layer), then call the same function.
+``start_pos > 0``. It reads the pool's per-layer K/V views ``[num_blocks, block_size,
+kv_heads, head_dim]`` in place through a block table, which flash-attn's paged-KV path takes
+only for block sizes that are multiples of 256; other block sizes are refused (the
+``cuda-triton`` backend reads any block size in place).
 
 Tree chunks (speculative verification) need a mask flash-attn cannot express: their rows
 are recomputed after the varlen call with one masked SDPA each over the chunk's gathered
@@ -46,9 +44,7 @@ class _CudaStepData:
     cu_seqlens_k: torch.Tensor  # [num_chunks + 1] int32
     max_seqlen_q: int
     max_seqlen_k: int
-    block_table: torch.Tensor | None  # [num_chunks, max_blocks] int32, paged mode only
-    gather_block_rows: torch.Tensor | None  # [total_blocks] layer-0 K block rows, packed mode
-    keep_tokens: torch.Tensor | None  # [total_context] rows of the gathered tokens to keep
+    block_table: torch.Tensor  # [num_chunks, max_blocks] int32
     trees: tuple[_TreeChunk, ...] = ()
 
 
@@ -72,15 +68,12 @@ class FlashAttnBackend:
         self, layout: StepLayout, block_size: int, num_layers: int, device: torch.device
     ) -> AttentionMetadata:
         q_lens = [e - s for s, e in zip(layout.start_positions, layout.context_lens, strict=True)]
-        paged = block_size % _PAGED_KV_PAGE_MULTIPLE == 0
         data = _CudaStepData(
             cu_seqlens_q=_cumulative(q_lens, device),
             cu_seqlens_k=_cumulative(list(layout.context_lens), device),
             max_seqlen_q=max(q_lens, default=0),
             max_seqlen_k=max(layout.context_lens, default=0),
-            block_table=_padded_table(layout, device) if paged else None,
-            gather_block_rows=None if paged else _block_rows(layout, num_layers, device),
-            keep_tokens=None if paged else _keep_tokens(layout, block_size, device),
+            block_table=_padded_table(layout, device),
             trees=_tree_chunks(layout, block_size, num_layers, device),
         )
         return step_metadata(layout, block_size, num_layers, device, self, data)
@@ -107,11 +100,15 @@ class FlashAttnBackend:
                 "int8 pool path; use kv_cache_dtype 'auto' on CUDA (int8 pools run on the cpu "
                 "backends)"
             )
+        block_size = kv_cache.shape[3]
+        if not flash_attn_reads_blocks_of(block_size):
+            raise ValueError(
+                f"attention backend 'flash_attn' reads the KV pool in place only with block "
+                f"sizes that are multiples of {_PAGED_KV_PAGE_MULTIPLE} (256, 512, ...), got "
+                f"{block_size}; use such a block size, or attention backend 'cuda-triton'"
+            )
         write_kv(kv_cache, layer_idx, attn.write_rows, k, v)
-        if data.block_table is not None:
-            keys, values = kv_cache[:, layer_idx, 0], kv_cache[:, layer_idx, 1]
-        else:
-            keys, values = _gather_packed(kv_cache, layer_idx, data)
+        keys, values = kv_cache[:, layer_idx, 0], kv_cache[:, layer_idx, 1]
         out = self._varlen(
             q,
             keys,
@@ -145,6 +142,11 @@ def make_flash_attn_backend() -> FlashAttnBackend:
     return FlashAttnBackend(varlen)
 
 
+def flash_attn_reads_blocks_of(block_size: int) -> bool:
+    """Whether flash-attn's paged-KV path takes blocks of ``block_size`` positions."""
+    return block_size % _PAGED_KV_PAGE_MULTIPLE == 0
+
+
 def _cumulative(lengths: list[int], device: torch.device) -> torch.Tensor:
     out = [0]
     for n in lengths:
@@ -156,23 +158,6 @@ def _padded_table(layout: StepLayout, device: torch.device) -> torch.Tensor:
     width = max((len(t) for t in layout.block_tables), default=1)
     rows = [t + (0,) * (width - len(t)) for t in layout.block_tables]
     return torch.tensor(rows, dtype=torch.int32, device=device)
-
-
-def _block_rows(layout: StepLayout, num_layers: int, device: torch.device) -> torch.Tensor:
-    # Layer-0 K row of block b in the pool viewed as [num_blocks * L * 2, bs, KVH, D].
-    rows = [b * num_layers * 2 for table in layout.block_tables for b in table]
-    return torch.tensor(rows, dtype=torch.int64, device=device)
-
-
-def _keep_tokens(layout: StepLayout, block_size: int, device: torch.device) -> torch.Tensor:
-    """Rows of the gathered ``[total_blocks * bs]`` tokens that are real context, in order."""
-    keep: list[int] = []
-    block_offset = 0
-    for table, context_len in zip(layout.block_tables, layout.context_lens, strict=True):
-        first = block_offset * block_size
-        keep.extend(range(first, first + context_len))
-        block_offset += len(table)
-    return torch.tensor(keep, dtype=torch.int64, device=device)
 
 
 def _tree_chunks(
@@ -208,16 +193,3 @@ def _gather_prefix(
     keys = gather_view.index_select(0, k_rows).view(-1, kv_heads, head_dim)[: tree.prefix_len]
     values = gather_view.index_select(0, k_rows + 1).view(-1, kv_heads, head_dim)
     return keys.transpose(0, 1), values[: tree.prefix_len].transpose(0, 1)
-
-
-def _gather_packed(
-    kv_cache: torch.Tensor, layer_idx: int, data: _CudaStepData
-) -> tuple[torch.Tensor, torch.Tensor]:
-    assert data.gather_block_rows is not None and data.keep_tokens is not None
-    block_size, kv_heads, head_dim = kv_cache.shape[3:]
-    gather_view = kv_cache.view(-1, block_size, kv_heads, head_dim)
-    k_rows = data.gather_block_rows + 2 * layer_idx
-    keys = gather_view.index_select(0, k_rows).view(-1, kv_heads, head_dim)
-    values = gather_view.index_select(0, k_rows + 1).view(-1, kv_heads, head_dim)
-    # keys/values: [total_context, KVH, D]
-    return keys.index_select(0, data.keep_tokens), values.index_select(0, data.keep_tokens)

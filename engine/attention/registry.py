@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 
 import torch
@@ -16,10 +17,16 @@ def _cpu_best() -> AttentionBackend:
     return CpuAttentionBackend("native" if load_paged_decode() is not None else "grouped")
 
 
-def _cuda() -> AttentionBackend:
+def _flash_attn() -> AttentionBackend:
     from pdserve.engine.attention.cuda import make_flash_attn_backend
 
     return make_flash_attn_backend()
+
+
+def _cuda_triton() -> AttentionBackend:
+    from pdserve.engine.attention.triton import make_triton_backend
+
+    return make_triton_backend()
 
 
 # "cpu" is the measured winner: native decode kernel, else grouped (engine/attention/cpu.py).
@@ -29,7 +36,8 @@ _FACTORIES: dict[str, Callable[[], AttentionBackend]] = {
     "cpu-grouped": lambda: CpuAttentionBackend("grouped"),
     "cpu-padded": lambda: CpuAttentionBackend("padded"),
     "cpu-per-seq": lambda: CpuAttentionBackend("per_seq"),
-    "flash_attn": _cuda,
+    "flash_attn": _flash_attn,
+    "cuda-triton": _cuda_triton,
 }
 
 
@@ -37,11 +45,26 @@ def backend_names() -> tuple[str, ...]:
     return ("auto", *_FACTORIES)
 
 
-def get_backend(name: str = "auto", device: torch.device | str = "cpu") -> AttentionBackend:
-    """Build the backend called ``name``; ``auto`` picks by device (CUDA -> flash_attn)."""
+def get_backend(
+    name: str = "auto", device: torch.device | str = "cpu", block_size: int | None = None
+) -> AttentionBackend:
+    """Build the backend called ``name``; ``auto`` picks by device (see :func:`auto_backend`)."""
     if name == "auto":
-        name = "flash_attn" if torch.device(device).type == "cuda" else "cpu"
+        name = auto_backend(torch.device(device), block_size)
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {backend_names()}")
     return factory()
+
+
+def auto_backend(device: torch.device, block_size: int | None) -> str:
+    """``cpu`` on CPU. On CUDA ``cuda-triton``, or ``flash_attn`` when its package is
+    installed and the pool's ``block_size`` is one it reads in place (a multiple of 256)."""
+    if device.type != "cuda":
+        return "cpu"
+    from pdserve.engine.attention.cuda import flash_attn_reads_blocks_of
+
+    suits_flash_attn = block_size is not None and flash_attn_reads_blocks_of(block_size)
+    if suits_flash_attn and importlib.util.find_spec("flash_attn") is not None:  # not imported
+        return "flash_attn"
+    return "cuda-triton"
