@@ -100,7 +100,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = torch.device(device)
-        self.attention = attention_backend or get_backend("auto", self.device)
+        self.attention = attention_backend or get_backend("auto", self.device, block_size)
         if self.device.type == "cpu":
             keep_freed_memory()  # steps reuse the pages of the last one's activations
         if can_pack(self.device, model_dtype):

@@ -113,7 +113,7 @@ def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) 
         extra_keys=make_extra_keys(source.model_id),
         tiers=tiers,
     )
-    backend = get_backend(config.attention_backend, device)
+    backend = get_backend(config.attention_backend, device, block_size)
     runner = ModelRunner(
         model_config, model, kv_cache, block_size, device, backend, decode_graphs=graphs
     )

@@ -75,7 +75,7 @@ def _draft_proposer(
         pool,
         block_size,
         device,
-        get_backend(attention_backend, device),
+        get_backend(attention_backend, device, block_size),
     )
     kv = KVCacheManager(config.draft_num_blocks, block_size, enable_prefix_caching=False)
     draft_len = min(max_model_len, model_config.max_context_tokens)

@@ -19,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from pdserve.engine.attention import get_backend
 from pdserve.engine.attention.base import (
+    AttentionBackend,
     AttentionMetadata,
     StepLayout,
     step_metadata,
@@ -29,6 +30,7 @@ from pdserve.engine.model.llama import LlamaModel
 from pdserve.engine.model.loader import model_from_hf_state_dict
 from pdserve.engine.runner import ModelRunner, allocate_kv_cache
 from pdserve.engine.scheduler.plan import BatchPlan, ScheduledChunk
+from tests.triton_interpreter import kernels_for
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_MODEL_LEN = 4, 64, 64
 TINY = {
@@ -127,11 +129,13 @@ def model() -> LlamaModel:
     return model_from_hf_state_dict(config.to_dict(), hf.state_dict(), "tiny-random")
 
 
-def _runner(model: LlamaModel, graphs: DecodeGraphs | None) -> ModelRunner:
+def _runner(
+    model: LlamaModel, graphs: DecodeGraphs | None, backend: AttentionBackend | None = None
+) -> ModelRunner:
     extra = SCRATCH_BLOCKS if graphs is not None else 0
     pool = allocate_kv_cache(model.config, NUM_BLOCKS + extra, BLOCK_SIZE)
-    backend = TensorDecodeBackend()
-    return ModelRunner(model.config, model, pool, BLOCK_SIZE, "cpu", backend, graphs)  # type: ignore[arg-type]
+    backend = backend or TensorDecodeBackend()  # type: ignore[assignment]
+    return ModelRunner(model.config, model, pool, BLOCK_SIZE, "cpu", backend, graphs)
 
 
 def _steps(runner: ModelRunner, prompts: list[list[int]], decode_steps: int) -> list[torch.Tensor]:
@@ -170,6 +174,21 @@ def test_graph_replays_match_eager_steps(model: LlamaModel) -> None:
     assert len(graph_count) == len(graph_capture_sizes(8)) == 4  # buckets 1, 2, 4, 8
     assert graphs.replays == 8, "every decode step (not the prefill) replays a graph"
     assert [t.shape for t in graphed] == [t.shape for t in eager]
+    for got, want in zip(graphed, eager, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_cuda_triton_decode_replays_match_eager(model: LlamaModel) -> None:
+    """The real GPU backend, its kernels under Triton's interpreter: its decode metadata
+    refreshes in place (shapes fixed by the bucket and the table width), and replays give
+    the eager steps' logits."""
+    prompts = [[(5 * i + j) % 256 for j in range(2 + 3 * i)] for i in range(3)]
+    with kernels_for("interpreter", "pdserve.engine.attention.triton") as (modules, _device):
+        make_backend = modules[0].make_triton_backend
+        graphs = DecodeGraphs((1, 2, 4), EagerFakeGraph, MAX_MODEL_LEN)
+        graphed = _steps(_runner(model, graphs, make_backend()), prompts, decode_steps=3)
+        eager = _steps(_runner(model, None, make_backend()), prompts, decode_steps=3)
+    assert graphs.replays == 3
     for got, want in zip(graphed, eager, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
