@@ -94,10 +94,8 @@ def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) 
     num_blocks = config.cache.num_blocks or num_blocks_for_budget(
         config.cache.memory_budget_bytes, block_bytes
     )
-    graphs = None
-    if config.cuda_graphs and device.type == "cuda":
-        sizes = graph_capture_sizes(config.scheduler.max_num_seqs)
-        graphs = DecodeGraphs(sizes, cuda_graph_factory(), max_model_len_of(config, model_config))
+    max_model_len = max_model_len_of(config, model_config)
+    graphs = _decode_graphs(config, device, max_model_len)
     # The pool's scratch blocks (pad rows of graph replays) are beyond the manager's blocks.
     pool_blocks = num_blocks + (SCRATCH_BLOCKS if graphs is not None else 0)
     kv_cache = allocate_kv_cache(
@@ -117,7 +115,6 @@ def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) 
     runner = ModelRunner(
         model_config, model, kv_cache, block_size, device, backend, decode_graphs=graphs
     )
-    max_model_len = max_model_len_of(config, model_config)
     log.info(
         "loaded %s (%s, %d layers, %s) in %.1fs; KV pool (%s) %d blocks x %d tokens = %.2f GiB",
         source.model_id,
@@ -136,3 +133,13 @@ def build_worker_state(config: EngineConfig, loaded: LoadedModel | None = None) 
 def max_model_len_of(config: EngineConfig, model_config: ModelConfig) -> int:
     """The context an engine serves: the model's, or less when the config says so."""
     return min(model_config.max_context_tokens, config.max_model_len or 1 << 62)
+
+
+def _decode_graphs(
+    config: EngineConfig, device: torch.device, max_model_len: int
+) -> DecodeGraphs | None:
+    """CUDA graphs for decode steps where they are asked for and can run (a CUDA device)."""
+    if not config.cuda_graphs or device.type != "cuda":
+        return None
+    sizes = graph_capture_sizes(config.scheduler.max_num_seqs)
+    return DecodeGraphs(sizes, cuda_graph_factory(), max_model_len)
