@@ -4,7 +4,10 @@ summary table at the end; exit status 0 when every judged check passes."""
 from __future__ import annotations
 
 import argparse
+import functools
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -97,51 +100,119 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Run:
+    """The checks so far. A section that raises becomes a failed check and the run goes
+    on: on a GPU lent for minutes, one broken part must not cost the rest."""
+
+    def __init__(self) -> None:
+        self.checks: list[Check] = []
+
+    def report(self, new: list[Check]) -> None:
+        for check in new:
+            print(check.line(), flush=True)
+        self.checks.extend(new)
+
+    def section(self, name: str, body: Callable[[], list[Check]]) -> None:
+        try:
+            new = body()
+        except Exception as exc:  # reported as a failure, with its traceback above it
+            traceback.print_exc()
+            new = [Check(name, f"raised {type(exc).__name__}: {exc}"[:200], "runs", False)]
+        self.report(new)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     profile = TINY if args.tiny else FULL
     device = resolve_device(args.device)
     started = time.perf_counter()
     print(f"gpu_check on {_device_name(device)}, torch {torch.__version__}", flush=True)
-    checks: list[Check] = []
-
-    def report(new: list[Check]) -> None:
-        for check in new:
-            print(check.line(), flush=True)
-        checks.extend(new)
-
+    run = Run()
     target = EngineTarget(device, args.attention_backend, args.block_size)
     for shape in (profile.small, profile.large):
-        pair = build_pair(shape, device, args.seed)
-        report(correctness.greedy_checks(pair, target, profile.greedy, args.seed))
-        bf16 = in_dtype(pair, "bfloat16")
-        del pair  # the fp32 copies: a 1B model's are 10 GB
-        report([correctness.bf16_logits_check(bf16, target, profile.greedy, args.seed)])
-        if shape == profile.large and not args.skip_speed:
-            report(_speed_checks(bf16, target, profile, judged=not args.tiny))
-        del bf16
-    print(f"\n{summary_table(checks)}\n\ntotal {time.perf_counter() - started:.0f}s")
-    failed = [c.name for c in checks if c.passed is False]
+        speed_checks = shape == profile.large and not args.skip_speed
+        checks = functools.partial(
+            _shape_checks, run, shape, target, profile, args.seed, speed_checks, not args.tiny
+        )
+        run.section(f"{shape.name} checks", checks)
+    print(f"\n{summary_table(run.checks)}\n\ntotal {time.perf_counter() - started:.0f}s")
+    failed = [c.name for c in run.checks if c.passed is False]
     print("ALL JUDGED CHECKS PASS" if not failed else f"FAILED: {len(failed)} check(s)")
     return 1 if failed else 0
 
 
-def _speed_checks(
-    pair: ModelPair, target: EngineTarget, profile: Profile, judged: bool
+def _shape_checks(
+    run: Run,
+    shape: Shape,
+    target: EngineTarget,
+    profile: Profile,
+    seed: int,
+    speed_checks: bool,
+    judged: bool,
+) -> list[Check]:
+    """Correctness in fp32 and bf16, then (the large shape) speed in bf16; each section
+    reports through ``run`` as it ends."""
+    pair = build_pair(shape, target.device, seed)
+    greedy = functools.partial(correctness.greedy_checks, pair, target, profile.greedy, seed)
+    run.section(f"{shape.name} fp32 greedy", greedy)
+    bf16 = in_dtype(pair, "bfloat16")
+    del pair  # the fp32 copies: a 1B model's are 10 GB
+    run.section(
+        f"{shape.name} bf16 logits",
+        lambda: [correctness.bf16_logits_check(bf16, target, profile.greedy, seed)],
+    )
+    if speed_checks:
+        run.section(
+            f"{shape.name} throughput",
+            lambda: _throughput_checks(run, bf16, target, profile, judged),
+        )
+        run.section(
+            f"{shape.name} decode steps", lambda: _decode_checks(bf16, target, profile, judged)
+        )
+    return []
+
+
+def _throughput_checks(
+    run: Run, pair: ModelPair, target: EngineTarget, profile: Profile, judged: bool
 ) -> list[Check]:
     workload = speed.make_workload(profile.workload, pair.shape.vocab_size, seed=1)
     ours = speed.engine_throughput(pair, target, workload, profile.kv_budget_bytes)
-    static = speed.hf_static_throughput(pair, workload, profile.static_batch)
-    continuous = speed.hf_continuous_throughput(
-        pair, workload, profile.continuous_requests_per_step
+    print(f"engine: {ours:,.0f} output tok/s", flush=True)
+    name = f"{pair.shape.name} {pair.dtype}, {len(workload)} requests: output tok/s vs"
+    static_name = f"{name} transformers static"
+    run.section(
+        static_name,
+        lambda: [
+            _ratio_check(
+                static_name,
+                ours,
+                speed.hf_static_throughput(pair, workload, profile.static_batch),
+                STATIC_SPEEDUP,
+                judged,
+            )
+        ],
     )
-    name = f"{pair.shape.name} {pair.dtype}, {len(workload)} requests"
-    checks = [
-        _ratio_check(f"{name}: output tok/s vs transformers static", ours, static,
-                     STATIC_SPEEDUP, judged),
-        _ratio_check(f"{name}: output tok/s vs transformers continuous batching", ours,
-                     continuous, CONTINUOUS_SPEEDUP, judged),
-    ]  # fmt: skip
+    continuous_name = f"{name} transformers continuous batching"
+    run.section(
+        continuous_name,
+        lambda: [
+            _ratio_check(
+                continuous_name,
+                ours,
+                speed.hf_continuous_throughput(
+                    pair, workload, profile.continuous_requests_per_step
+                ),
+                CONTINUOUS_SPEEDUP,
+                judged,
+            )
+        ],
+    )
+    return []
+
+
+def _decode_checks(
+    pair: ModelPair, target: EngineTarget, profile: Profile, judged: bool
+) -> list[Check]:
     bandwidth = speed.copy_bandwidth_bytes_per_s(target.device, profile.copy_bytes)
     print(f"device copy bandwidth: {bandwidth / 1e9:.0f} GB/s (read + write)", flush=True)
     timings = {
@@ -156,8 +227,10 @@ def _speed_checks(
         )
         for graphs in (True, False)
     }
-    for graphed, eager in zip(timings[True], timings[False], strict=True):
-        checks.append(_step_line(pair, graphed, eager))
+    checks = [
+        _step_line(pair, graphed, eager)
+        for graphed, eager in zip(timings[True], timings[False], strict=True)
+    ]
     batch1_graphed, batch1_eager = timings[True][0], timings[False][0]
     factor = batch1_graphed.step_s / batch1_graphed.floor_s
     checks.append(
