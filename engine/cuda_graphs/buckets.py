@@ -4,9 +4,12 @@ A CUDA graph replays fixed kernels on fixed buffers, so one is captured per *buc
 batch sizes and a decode step of ``n`` sequences runs the smallest bucket ``>= n``, its
 ``bucket - n`` extra rows padded with values that cannot disturb the real ones::
 
-    real rows  0 .. n-1      their token, position, context, block table, slot
+    real rows  0 .. n-1      their token, position, context, block table
     pad rows   n .. bucket-1 token 0, position 0, context of 1 token,
-                             block table (scratch, scratch, ...), slot = scratch * block_size
+                             block table (scratch, scratch, ...)
+
+A row's slot follows from its position and table (``attention/base.py``): a pad row's is
+``scratch * block_size``, offset 0 of the scratch block.
 
 The scratch block is one block past the blocks the KV cache manager hands out: a pad row
 writes its K/V there and attends to that one token, so its (finite, unused) output never
@@ -52,7 +55,6 @@ class DecodeBatch:
     token_ids: tuple[int, ...]
     positions: tuple[int, ...]  # the new token's position = context length - 1
     block_tables: tuple[tuple[int, ...], ...]  # each padded to the same width
-    slot_mapping: tuple[int, ...]  # where each row's K/V is written
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -73,7 +75,6 @@ def decode_batch(
     """The rows of a decode step, block tables padded with the scratch block to
     ``table_width`` (a captured graph reads a fixed-width table)."""
     tables = []
-    slots = []
     for position, table in zip(positions, block_tables, strict=True):
         used = table[: position // block_size + 1]
         if len(used) <= position // block_size or len(used) > table_width:
@@ -82,13 +83,10 @@ def decode_batch(
                 f"within {table_width} blocks (block_size {block_size})"
             )
         tables.append(used + (scratch_block,) * (table_width - len(used)))
-        slots.append(used[position // block_size] * block_size + position % block_size)
-    return DecodeBatch(tuple(token_ids), tuple(positions), tuple(tables), tuple(slots))
+    return DecodeBatch(tuple(token_ids), tuple(positions), tuple(tables))
 
 
-def pad_decode_batch(
-    batch: DecodeBatch, bucket: int, block_size: int, scratch_block: int
-) -> DecodeBatch:
+def pad_decode_batch(batch: DecodeBatch, bucket: int, scratch_block: int) -> DecodeBatch:
     """``batch`` grown to ``bucket`` rows with harmless pad rows (see the module docstring)."""
     pad = bucket - len(batch)
     if pad < 0:
@@ -98,5 +96,4 @@ def pad_decode_batch(
         token_ids=batch.token_ids + (0,) * pad,
         positions=batch.positions + (0,) * pad,
         block_tables=batch.block_tables + ((scratch_block,) * width,) * pad,
-        slot_mapping=batch.slot_mapping + (scratch_block * block_size,) * pad,
     )

@@ -141,7 +141,7 @@ class DecodeGraphs:
             self._scratch_block,
         )
         step = self._steps[bucket]
-        padded = pad_decode_batch(batch, bucket, self._block_size, self._scratch_block)
+        padded = pad_decode_batch(batch, bucket, self._scratch_block)
         fresh = self._metadata(padded)
         if not _copy_tensors(fresh, step.recorded):
             self._warn_shapes(bucket)
@@ -162,7 +162,6 @@ class DecodeGraphs:
             token_ids=(0,) * size,
             positions=(longest,) * size,
             block_tables=((self._scratch_block,) * self._table_width,) * size,
-            slot_mapping=(self._scratch_block * self._block_size,) * size,
         )
         recorded = self._metadata(pad_rows)
         step = _StaticStep(

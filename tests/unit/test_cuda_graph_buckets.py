@@ -1,9 +1,11 @@
-"""The decode-graph bucket policy and padding (engine/cuda_graphs/buckets.py): pure lists."""
+"""The decode-graph bucket policy and padding (engine/cuda_graphs/buckets.py): pure lists
+(the attention metadata's slot function checks where pad rows write)."""
 
 from __future__ import annotations
 
 import pytest
 
+from pdserve.engine.attention.base import StepLayout, slot_mapping
 from pdserve.engine.cuda_graphs.buckets import (
     DecodeBatch,
     bucket_for,
@@ -31,10 +33,8 @@ def test_bucket_is_the_smallest_that_holds_the_batch() -> None:
     assert bucket_for(33, sizes) is None
 
 
-def test_decode_batch_slots_and_tables() -> None:
-    # block_size 4: position 5 of table (7, 2) is block 2, offset 1 -> slot 9
+def test_decode_batch_tables() -> None:
     batch = decode_batch([11, 12], [5, 0], [(7, 2, 9), (3,)], 4, 3, scratch_block=99)
-    assert batch.slot_mapping == (9, 12)
     assert batch.block_tables == ((7, 2, 99), (3, 99, 99))  # trimmed to the context, padded
     assert batch.context_lens == (6, 1)
     with pytest.raises(ValueError, match="cannot hold position"):
@@ -43,14 +43,17 @@ def test_decode_batch_slots_and_tables() -> None:
 
 def test_pad_rows_write_scratch_and_read_one_token() -> None:
     batch = decode_batch([11, 12, 13], [5, 0, 3], [(7, 2), (3,), (4,)], 4, 2, scratch_block=99)
-    padded = pad_decode_batch(batch, 8, 4, scratch_block=99)
+    padded = pad_decode_batch(batch, 8, scratch_block=99)
     assert padded == DecodeBatch(
         token_ids=(11, 12, 13, 0, 0, 0, 0, 0),
         positions=(5, 0, 3, 0, 0, 0, 0, 0),
         block_tables=((7, 2), (3, 99), (4, 99), *((99, 99),) * 5),
-        slot_mapping=(9, 12, 19, *(396,) * 5),
     )
     assert padded.context_lens[3:] == (1,) * 5
-    assert pad_decode_batch(batch, 3, 4, 99) == batch
+    # Slots as the attention metadata derives them: pad rows write offset 0 of the scratch
+    # block (99 * 4), real rows where their positions live (block 2 offset 1 = slot 9, ...).
+    layout = StepLayout(tuple(range(9)), padded.positions, padded.context_lens, padded.block_tables)
+    assert slot_mapping(layout, 4) == [9, 12, 19, *(396,) * 5]
+    assert pad_decode_batch(batch, 3, 99) == batch
     with pytest.raises(ValueError, match="does not fit"):
-        pad_decode_batch(batch, 2, 4, 99)
+        pad_decode_batch(batch, 2, 99)
