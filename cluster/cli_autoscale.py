@@ -36,7 +36,8 @@ def add_autoscale_arguments(p: argparse.ArgumentParser, metrics_flag: str) -> No
     add("--max-decode", type=int, default=8, help="autoscaling: most decode workers")
     add("--target-utilization", type=float, default=0.8,
         help="share of a worker's profiled capacity the pools are sized for: the operating "
-        "point between worker-hours and headroom (default 0.8)")  # fmt: skip
+        "point between worker-hours and headroom, up to 1.5 (above 1 when the profile is "
+        "conservative; default 0.8)")  # fmt: skip
     add("--scale-up-cooldown-s", type=float, default=30.0,
         help="seconds between scale-ups, unless KV or the queue runs out (default 30)")  # fmt: skip
     add("--scale-down-cooldown-s", type=float, default=120.0,

@@ -34,6 +34,8 @@ REFERENCES = ("oracle",)  # run only when asked for (--policies)
 SWEEP = (
     OperatingPoint(0.9),
     OperatingPoint(1.0),
+    OperatingPoint(1.1),  # past the profile's capacity: it holds the SLO with room to spare
+    OperatingPoint(1.1, budget=0.75),
     OperatingPoint(1.0, budget=0.7),
     OperatingPoint(1.0, budget=0.5),
     OperatingPoint(1.0, budget=0.4),

@@ -158,7 +158,7 @@ class SoakReport:
     growth: list[Growth]
     kv_in_use_at_idle: dict[str, int]
     redis_keys_at_idle: dict[str, int]
-    inexact_streams: int = 0  # completed streams unlike the fault-free pass
+    inexact_streams: int = 0  # completed streams unlike their request's first one
 
     @property
     def clean(self) -> bool:
@@ -206,4 +206,4 @@ def print_soak(report: SoakReport) -> None:
     print(f"Redis keys over time: {', '.join(map(str, keys))}")
     print(f"Redis keys at idle, by kind: {report.redis_keys_at_idle}")
     print(f"KV blocks in use at idle: {report.kv_in_use_at_idle}")
-    print(f"completed streams unlike the fault-free pass: {report.inexact_streams}")
+    print(f"completed streams unlike their request's first: {report.inexact_streams}")

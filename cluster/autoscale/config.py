@@ -31,7 +31,9 @@ class PoolLimits:
 class PlannerConfig:
     """How the planner turns load into replica counts.
 
-    Sizing: a pool gets ``ceil(demand / (capacity * target_utilization))`` replicas;
+    Sizing: a pool gets ``ceil(demand / (capacity * target_utilization))`` replicas
+    (``target_utilization`` up to 1.5: above 1 trusts the load to fit past the profile's
+    capacity, which a conservative profile allows; the latency correction still applies);
     ``capacity`` is the profile's, divided by the latency correction (observed ÷ expected
     latency, clamped to ``[correction_min, correction_max]``; at least 1 while SLO attainment
     is under ``slo_attainment_min``).
@@ -64,8 +66,10 @@ class PlannerConfig:
     forecast_min_samples: int = 3
 
     def __post_init__(self) -> None:
-        if not 0 < self.target_utilization <= 1:
-            raise ValueError(f"target_utilization must be in (0, 1], got {self.target_utilization}")
+        if not 0 < self.target_utilization <= 1.5:
+            raise ValueError(
+                f"target_utilization must be in (0, 1.5], got {self.target_utilization}"
+            )
         if not 0 <= self.scale_down_headroom < 1:
             raise ValueError(
                 f"scale_down_headroom must be in [0, 1), got {self.scale_down_headroom}"

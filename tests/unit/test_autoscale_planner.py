@@ -253,7 +253,7 @@ def test_bad_configuration_is_rejected_with_the_values() -> None:
     with pytest.raises(ValueError, match="max_step_up"):
         PoolLimits(max_step_up=0)
     with pytest.raises(ValueError, match="target_utilization"):
-        PlannerConfig(target_utilization=1.5)
+        PlannerConfig(target_utilization=1.6)
     with pytest.raises(ValueError, match="correction_min"):
         PlannerConfig(correction_min=1.2)
     with pytest.raises(ValueError, match="kv_usage"):
