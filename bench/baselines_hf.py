@@ -66,13 +66,8 @@ def run_hf_static(workload: Sequence[WorkloadItem], dtype: str, batch_size: int 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     model = load_hf_model(dtype)
-    pad_id = int(model.generation_config.pad_token_id or 0)
-    batches = [workload[i : i + batch_size] for i in range(0, len(workload), batch_size)]
     reset_peak_rss()
-    start_s = time.perf_counter()
-    for batch in tqdm(batches, desc=f"hf-static {dtype}", unit="batch"):
-        _generate_static_batch(model, batch, pad_id)
-    wall_s = time.perf_counter() - start_s
+    wall_s = generate_static(model, workload, batch_size, f"hf-static {dtype}")
     return RunResult(
         system="hf-static",
         prompt_tokens=sum(len(p) for p, _ in workload),
@@ -80,6 +75,21 @@ def run_hf_static(workload: Sequence[WorkloadItem], dtype: str, batch_size: int 
         wall_s=wall_s,
         peak_rss_bytes=peak_rss_bytes(),
     )
+
+
+def generate_static(
+    model: Any, workload: Sequence[WorkloadItem], batch_size: int, desc: str
+) -> float:
+    """Seconds ``model.generate`` takes over ``workload`` in static batches of
+    ``batch_size`` (on the model's device, which is synchronized before the clock stops)."""
+    pad_id = int(model.generation_config.pad_token_id or 0)
+    batches = [workload[i : i + batch_size] for i in range(0, len(workload), batch_size)]
+    start_s = time.perf_counter()
+    for batch in tqdm(batches, desc=desc, unit="batch"):
+        _generate_static_batch(model, batch, pad_id)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return time.perf_counter() - start_s
 
 
 @torch.inference_mode()
@@ -93,8 +103,8 @@ def _generate_static_batch(model: Any, batch: Sequence[WorkloadItem], pad_id: in
         input_ids[row, max_prompt - len(prompt) :] = torch.tensor(prompt)
         attention_mask[row, max_prompt - len(prompt) :] = 1
     out = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
+        input_ids=input_ids.to(model.device),
+        attention_mask=attention_mask.to(model.device),
         max_new_tokens=max_new,
         min_new_tokens=max_new,
         do_sample=False,
@@ -109,28 +119,11 @@ def run_hf_continuous(
     workload: Sequence[WorkloadItem], dtype: str, max_batch_tokens: int = 2048
 ) -> RunResult:
     """Baseline (b): transformers' continuous batching, KV sized to hold every request."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
     model = load_hf_model(dtype)
-    # On CPU it would otherwise size its cache from 60% of system RAM. Holding every request,
-    # it stays clear of the 15%-free safety margin under which no new prompt is admitted.
-    cb_config = ContinuousBatchingConfig(
-        page_size=CB_PAGE_TOKENS,
-        num_blocks=sum(math.ceil((len(p) + o) / CB_PAGE_TOKENS) for p, o in workload),
-        max_batch_tokens=max_batch_tokens,
-        max_requests_per_batch=min(len(workload), CB_MAX_REQUESTS_PER_STEP),
+    reset_peak_rss()
+    generated, wall_s = generate_continuous(
+        model, workload, max_batch_tokens, CB_MAX_REQUESTS_PER_STEP, f"hf-cb {dtype}"
     )
-    gen_config = GenerationConfig(
-        do_sample=False, max_new_tokens=max(o for _, o in workload), eos_token_id=-1
-    )
-    with model.continuous_batching_context_manager(
-        generation_config=gen_config, continuous_batching_config=cb_config, block=True, timeout=30
-    ) as manager:
-        reset_peak_rss()
-        start_s = time.perf_counter()
-        generated = _drive_continuous(manager, workload, dtype)
-        wall_s = time.perf_counter() - start_s
     requested = [o for _, o in workload]
     assert generated == requested, f"generated lengths {generated} != requested {requested}"
     return RunResult(
@@ -142,14 +135,46 @@ def run_hf_continuous(
     )
 
 
-def _drive_continuous(manager: Any, workload: Sequence[WorkloadItem], dtype: str) -> list[int]:
+def generate_continuous(
+    model: Any,
+    workload: Sequence[WorkloadItem],
+    max_batch_tokens: int,
+    max_requests_per_step: int,
+    desc: str,
+) -> tuple[list[int], float]:
+    """transformers' continuous batching over ``workload``, its KV sized to hold every
+    request: generated lengths in order, and the seconds generation took."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    # On CPU it would otherwise size its cache from 60% of system RAM. Holding every request,
+    # it stays clear of the 15%-free safety margin under which no new prompt is admitted.
+    cb_config = ContinuousBatchingConfig(
+        page_size=CB_PAGE_TOKENS,
+        num_blocks=sum(math.ceil((len(p) + o) / CB_PAGE_TOKENS) for p, o in workload),
+        max_batch_tokens=max_batch_tokens,
+        max_requests_per_batch=min(len(workload), max_requests_per_step),
+    )
+    gen_config = GenerationConfig(
+        do_sample=False, max_new_tokens=max(o for _, o in workload), eos_token_id=-1
+    )
+    with model.continuous_batching_context_manager(
+        generation_config=gen_config, continuous_batching_config=cb_config, block=True, timeout=30
+    ) as manager:
+        start_s = time.perf_counter()
+        generated = _drive_continuous(manager, workload, desc)
+        wall_s = time.perf_counter() - start_s
+    return generated, wall_s
+
+
+def _drive_continuous(manager: Any, workload: Sequence[WorkloadItem], desc: str) -> list[int]:
     """Submit everything at once, wait for every result; returns generated lengths in order."""
     for i, (prompt, output_tokens) in enumerate(workload):
         manager.add_request(
             list(prompt), request_id=f"req{i}", max_new_tokens=output_tokens, eos_token_id=-1
         )
     lengths: dict[str, int] = {}
-    with tqdm(total=len(workload), desc=f"hf-cb {dtype}", unit="req") as progress:
+    with tqdm(total=len(workload), desc=desc, unit="req") as progress:
         while len(lengths) < len(workload):
             result = manager.get_result(timeout=1)
             if result is None:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
+from pdserve.engine.device_options import add_device_arguments, device_settings
 from pdserve.engine.kv_cache.tier_options import (
     add_kv_cache_dtype_argument,
     add_kv_tier_arguments,
@@ -38,6 +39,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--stop", action="append", default=[], help="a stop string; repeat for more")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_device_arguments(p)
     add_kv_cache_dtype_argument(p)
     add_kv_tier_arguments(p)
     add_speculative_arguments(p)
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         dtype=args.dtype,
         kv_cache_dtype=args.kv_cache_dtype,
+        **device_settings(args),
         **tiers,
         **_speculation_options(args),
     )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
 from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
+from pdserve.engine.device_options import add_device_arguments, device_flags, device_settings
 from pdserve.engine.kv_cache.tier_options import (
     add_kv_cache_dtype_argument,
     add_kv_tier_arguments,
@@ -79,6 +80,7 @@ def add_parsers(sub: Any) -> None:
     add("--model", default="smollm2-135m-instruct")
     add("--dtype", default="float32", choices=["float32", "bfloat16"])
     add("--kv-backend", default="nixl", choices=["nixl", "tcp"])
+    add_device_arguments(w)
     add_kv_cache_dtype_argument(w)
     add("--grace-s", type=float, default=30.0, help="how long a drain may take on SIGTERM")
     add("--torch-threads", type=int, default=settings.torch_threads)
@@ -115,6 +117,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     speculation = speculative_flags(role_speculation(args.role, args))
     tiers = kv_tier_flags(kv_tier_settings(args))
+    engine_flags = ["--kv-cache-dtype", args.kv_cache_dtype, *device_flags(device_settings(args))]
     redis_url = _configure(args)
     settings = Settings.from_env()
     spec = WorkerSpec(
@@ -125,7 +128,7 @@ def run_worker(args: argparse.Namespace) -> int:
         model=args.model,
         dtype=args.dtype,
         kv_backend=args.kv_backend,
-        extra_args=("--kv-cache-dtype", args.kv_cache_dtype, *speculation, *tiers, *args.extra),
+        extra_args=(*engine_flags, *speculation, *tiers, *args.extra),
         torch_threads=args.torch_threads,
         grace_s=args.grace_s,
         cluster_secret=_cluster_secret(args),

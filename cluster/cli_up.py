@@ -15,6 +15,7 @@ from pdserve.cluster.cpu_affinity import parse_cpu_affinity
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
 from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
+from pdserve.engine.device_options import add_device_arguments, device_flags, device_settings
 from pdserve.engine.kv_cache.tier_options import (
     add_kv_cache_dtype_argument,
     add_kv_tier_arguments,
@@ -72,6 +73,7 @@ def add_parser(sub: Any) -> None:
         "--head or --ray-address)")  # fmt: skip
     add("--num-blocks", type=int, default=None, help="KV pool blocks per worker")
     add("--block-size", type=int, default=16)
+    add_device_arguments(p)
     add_kv_cache_dtype_argument(p)
     add("--worker-arg", action="append", default=[], metavar="ARG",
         help="extra flag for every worker (see python -m pdserve.worker.server -h)")  # fmt: skip
@@ -143,7 +145,7 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
     )
     worker_args = [
         "--block-size", str(args.block_size), "--kv-cache-dtype", args.kv_cache_dtype,
-        *args.worker_arg,
+        *device_flags(device_settings(args)), *args.worker_arg,
     ]  # fmt: skip
     if args.num_blocks is not None:
         worker_args += ["--num-blocks", str(args.num_blocks)]

@@ -14,6 +14,9 @@ TIER_CODECS = ("exact", "int8")
 # What the KV pool holds: "auto" = the model's dtype, "int8" = int8 rows with a scale each
 # (engine/attention/kv_format.py): about twice the tokens in the same memory as bf16.
 KV_CACHE_DTYPES = ("auto", "int8")
+# Where weights, the KV pool and sampling live: "auto" = CUDA when torch sees a GPU, else
+# the CPU; "cuda" asks for the GPU and fails clearly without one ("cuda:N" picks one).
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,6 +65,9 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     dtype: str = "float32"
     attention_backend: str = "auto"
+    device: str = "auto"  # one of DEVICES, or "cuda:N"; resolved by engine/device.py
+    # CUDA graphs for pure-decode steps (engine/cuda_graphs/); ignored off CUDA.
+    cuda_graphs: bool = True
     max_model_len: int | None = None  # None: the model's own context length
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -70,6 +76,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in DEVICES and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be one of {DEVICES} or cuda:N, got {self.device!r}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> EngineConfig:

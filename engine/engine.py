@@ -79,6 +79,7 @@ class LLMEngine:
             config.cache.block_size,
             config.attention_backend,
             self.max_model_len,
+            state.runner.device,
         )
         self._seqs: dict[str, Sequence] = {}
         self._out: dict[str, _SeqOutputState] = {}

@@ -18,6 +18,7 @@ import torch
 
 from pdserve.engine.attention import AttentionBackend, get_backend, layout_chunks, token_positions
 from pdserve.engine.attention.kv_format import kv_format_for, kv_format_of
+from pdserve.engine.cuda_graphs import DecodeGraphs
 from pdserve.engine.host_memory import advise_huge_pages, keep_freed_memory
 from pdserve.engine.kv_cache import kv_block_bytes
 from pdserve.engine.model.config import ModelConfig
@@ -77,7 +78,10 @@ class ModelRunner:
         block_size: int,
         device: torch.device | str = "cpu",
         attention_backend: AttentionBackend | None = None,
+        decode_graphs: DecodeGraphs | None = None,
     ) -> None:
+        """``decode_graphs``: captured here, then replayed for steps of decode tokens only;
+        the pool's last ``SCRATCH_BLOCKS`` blocks are theirs (``engine/cuda_graphs/``)."""
         model_dtype = model.embed_tokens.weight.dtype
         if kv_cache.dtype not in (model_dtype, torch.int8):
             raise ValueError(
@@ -96,11 +100,14 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = torch.device(device)
-        self.attention = attention_backend or get_backend("auto", self.device)
+        self.attention = attention_backend or get_backend("auto", self.device, block_size)
         if self.device.type == "cpu":
             keep_freed_memory()  # steps reuse the pages of the last one's activations
         if can_pack(self.device, model_dtype):
             model.pack_linears()  # in place and idempotent: engines may share one model
+        self.decode_graphs = decode_graphs
+        if decode_graphs is not None:
+            decode_graphs.capture(model, self.attention, kv_cache, block_size)
 
     @property
     def num_blocks(self) -> int:
@@ -114,14 +121,22 @@ class ModelRunner:
             self._copy_blocks(plan.block_copies)
         if not plan.chunks:
             return torch.empty(0, self.config.vocab_size, device=self.device)
+        if self.decode_graphs is not None and _decode_only(plan):
+            logits = self.decode_graphs.run(plan.chunks)
+            if logits is not None:
+                return logits
         layout = layout_chunks(plan.chunks, self.block_size)
         token_ids = [t for chunk in plan.chunks for t in chunk.token_ids]
         input_ids = torch.tensor(token_ids, dtype=torch.int64, device=self.device)
-        positions = torch.tensor(token_positions(layout), dtype=torch.int64, device=self.device)
+        position_list = token_positions(layout)
+        positions = torch.tensor(position_list, dtype=torch.int64, device=self.device)
         attn = self.attention.build_metadata(
             layout, self.block_size, self.config.num_layers, self.device
         )
-        hidden = self.model(input_ids, positions, attn, self.kv_cache)  # [T, hidden]
+        # [T, hidden]; the positions' bound is known here, so the model need not read it back
+        hidden = self.model(
+            input_ids, positions, attn, self.kv_cache, max_position=max(position_list)
+        )
         ends = layout.query_start_loc[1:]
         sample_rows = [
             row
@@ -157,3 +172,8 @@ class ModelRunner:
             f"block copy {copies} outside the pool of {self.num_blocks} blocks"
         )
         self.kv_cache.index_copy_(0, dst, self.kv_cache.index_select(0, src))
+
+
+def _decode_only(plan: BatchPlan) -> bool:
+    """Every chunk is one sampled decode token (no prefill, no verify tree)."""
+    return all(c.num_tokens == 1 and c.sample and c.tree is None for c in plan.chunks)

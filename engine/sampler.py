@@ -100,7 +100,7 @@ class Sampler:
             processed = _process_sampled(logits[rows], [requests[i] for i in sampled_rows])
             logits[rows] = processed
             token_ids[rows] = self._draw(processed, [requests[i] for i in sampled_rows])
-        return _build_results(logits, token_ids.tolist(), requests)
+        return _build_results(logits, token_ids, requests)
 
     def _draw(self, logits: torch.Tensor, requests: Sequence[SampleRequest]) -> torch.Tensor:
         """Exponential-race draw: argmax(p / E) with E ~ Exp(1) picks token i with prob p_i."""
@@ -225,22 +225,30 @@ def _apply_min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
 
 
 def _build_results(
-    processed: torch.Tensor, token_ids: list[int], requests: Sequence[SampleRequest]
+    processed: torch.Tensor, token_ids: torch.Tensor, requests: Sequence[SampleRequest]
 ) -> list[SampleResult]:
+    """Results from the processed logits ``[rows, vocab]`` and the chosen ``token_ids``
+    ``[rows]``, read back to the host in one transfer: on a GPU each read is a sync."""
+    wanted = [r.params.logprobs for r in requests if r.params.logprobs is not None]
+    if not wanted:
+        return [SampleResult(t, None, ()) for t in token_ids.tolist()]
+    logprobs = processed.log_softmax(dim=-1)  # [rows, vocab]
+    chosen = logprobs.gather(1, token_ids[:, None])  # [rows, 1]
+    top_values, top_ids = logprobs.topk(max(wanted), dim=-1)  # [rows, k] each
+    # One float64 matrix carries all of it: token ids (< 2**53) and fp32 logprobs are exact.
+    host = torch.cat(
+        (token_ids[:, None].double(), chosen.double(), top_ids.double(), top_values.double()),
+        dim=1,
+    ).tolist()  # [rows, 2 + 2k]
+    k = top_ids.shape[1]
     results = []
-    for row, (token_id, req) in enumerate(zip(token_ids, requests, strict=True)):
-        if req.params.logprobs is None:
+    for row, req in zip(host, requests, strict=True):
+        token_id = int(row[0])
+        n = req.params.logprobs
+        if n is None:
             results.append(SampleResult(token_id, None, ()))
             continue
-        logprobs = processed[row].log_softmax(dim=-1)  # [vocab]
-        top = _top_logprobs(logprobs, req.params.logprobs)
-        results.append(SampleResult(token_id, float(logprobs[token_id]), top))
+        pairs = zip(row[2 : 2 + n], row[2 + k : 2 + k + n], strict=True)
+        top = tuple((int(i), v) for i, v in pairs if v != -math.inf)
+        results.append(SampleResult(token_id, row[1], top))
     return results
-
-
-def _top_logprobs(logprobs: torch.Tensor, n: int) -> tuple[tuple[int, float], ...]:
-    if n == 0:
-        return ()
-    values, ids = logprobs.topk(n)
-    pairs = zip(ids.tolist(), values.tolist(), strict=True)
-    return tuple((i, v) for i, v in pairs if v != -math.inf)

@@ -35,7 +35,8 @@ class TransferConfig:
     the wire; on a NIXL receiver it allocates the staging area int8 transfers land in.
     ``auth_key`` (derived from the cluster secret; hidden from ``repr``): TCP connections
     must pass the handshake of ``handshake.py`` before a byte of KV moves; None: no
-    authentication (a single host, or tests).
+    authentication (a single host, or tests). ``stage_through_host`` (TCP): copy blocks
+    through a pinned host buffer (``staging.py``); None: when the pool is on a GPU.
     """
 
     timeout_s: float = 30.0
@@ -54,6 +55,7 @@ class TransferConfig:
     # so a flood of connections (or of silent ones) cannot pile up threads.
     max_receive_connections: int = 256
     fault: FaultInjection | None = None
+    stage_through_host: bool | None = None
     auth_key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

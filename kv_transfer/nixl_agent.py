@@ -36,6 +36,14 @@ def load_nixl() -> ModuleType:
     return _api
 
 
+def memory_segment(tensor: torch.Tensor) -> tuple[str, int]:
+    """NIXL's memory kind and device id for ``tensor``: ("VRAM", gpu) or ("DRAM", 0)."""
+    if tensor.device.type == "cuda":
+        index = tensor.device.index
+        return "VRAM", torch.cuda.current_device() if index is None else index
+    return "DRAM", 0
+
+
 class Agent:
     """A NIXL agent with the UCX backend, serialized by one lock (NIXL calls are not
     thread-safe in its default sync mode, and senders call it from several threads)."""
@@ -59,17 +67,38 @@ class Agent:
         self._registered: list[Any] = []
 
     def register(self, tensor: torch.Tensor) -> None:
-        """Register one contiguous DRAM tensor with UCX (once, for the agent's life)."""
+        """Register one contiguous tensor with UCX (once, for the agent's life): host memory
+        as DRAM, a GPU's as VRAM (which needs a UCX built with CUDA support)."""
+        segment, _ = memory_segment(tensor)
         with self.lock:
-            self._registered.append(self.raw.register_memory(tensor))
+            try:
+                self._registered.append(self.raw.register_memory(tensor))
+            except Exception as exc:  # nixl raises its own binding error types
+                if segment != "VRAM":
+                    raise
+                raise RuntimeError(
+                    f"NIXL could not register GPU memory on {tensor.device} (its UCX may lack "
+                    f"CUDA support): {exc}; use --kv-backend tcp, which stages GPU blocks "
+                    "through pinned host memory"
+                ) from exc
 
-    def prep_blocks(self, agent_name: str, base_addr: int, count: int, nbytes: int) -> Any:
-        """A prepared descriptor list: entry i is bytes [base + i*nbytes, +nbytes)."""
+    def prep_blocks(
+        self,
+        agent_name: str,
+        base_addr: int,
+        count: int,
+        nbytes: int,
+        segment: tuple[str, int] = ("DRAM", 0),
+    ) -> Any:
+        """A prepared descriptor list: entry i is bytes [base + i*nbytes, +nbytes) of the
+        memory ``segment`` (kind and device id, see :func:`memory_segment`)."""
+        kind, device_id = segment
         descs = np.zeros((count, 3), dtype=np.uint64)  # (address, length, device id)
         descs[:, 0] = base_addr + np.arange(count, dtype=np.uint64) * np.uint64(nbytes)
         descs[:, 1] = nbytes
+        descs[:, 2] = device_id
         with self.lock:
-            return self.raw.prep_xfer_dlist(agent_name, descs, "DRAM")
+            return self.raw.prep_xfer_dlist(agent_name, descs, kind)
 
     def wait_xfer(
         self, xfer: Any, deadline_s: float, cancel: threading.Event | None = None

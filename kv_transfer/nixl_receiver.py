@@ -21,7 +21,13 @@ from pdserve.kv_transfer.endpoints import ReceiverBase
 from pdserve.kv_transfer.expectations import Expectation
 from pdserve.kv_transfer.layout import KVPoolLayout
 from pdserve.kv_transfer.metadata import PeerInfo, encode_peer
-from pdserve.kv_transfer.nixl_agent import NOTIFY_BEGIN, NOTIFY_DONE, NOTIFY_FAILED, Agent
+from pdserve.kv_transfer.nixl_agent import (
+    NOTIFY_BEGIN,
+    NOTIFY_DONE,
+    NOTIFY_FAILED,
+    Agent,
+    memory_segment,
+)
 from pdserve.kv_transfer.wire import TransferHeader, validate_header
 
 log = logging.getLogger(__name__)
@@ -51,7 +57,10 @@ class NixlReceiver(ReceiverBase):
     def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
         self._agent.register(pool)
         fields: dict[str, object] = {"agent": self._agent.name, "pool_addr": pool.data_ptr()}
-        int8 = self.config.int8 and layout.dtype != torch.int8  # an int8 pool's come as they are
+        fields["pool_segment"], fields["pool_device"] = memory_segment(pool)
+        # An int8 pool's blocks come as they are; int8 records dequantize on the host, so a
+        # pool on a GPU takes plain blocks only.
+        int8 = self.config.int8 and layout.dtype != torch.int8 and fields["pool_segment"] == "DRAM"
         if int8:
             self._staging = torch.empty(
                 (layout.num_blocks, quant.record_bytes(layout)), dtype=torch.uint8

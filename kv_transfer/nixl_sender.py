@@ -17,7 +17,13 @@ from pdserve.kv_transfer.convert import CHUNK_BLOCKS, convert_blocks
 from pdserve.kv_transfer.endpoints import SenderBase
 from pdserve.kv_transfer.layout import KVPoolLayout
 from pdserve.kv_transfer.metadata import PeerInfo
-from pdserve.kv_transfer.nixl_agent import NOTIFY_BEGIN, NOTIFY_DONE, NOTIFY_FAILED, Agent
+from pdserve.kv_transfer.nixl_agent import (
+    NOTIFY_BEGIN,
+    NOTIFY_DONE,
+    NOTIFY_FAILED,
+    Agent,
+    memory_segment,
+)
 from pdserve.kv_transfer.wire import TransferHeader
 
 log = logging.getLogger(__name__)
@@ -51,9 +57,17 @@ class NixlSender(SenderBase):
         self._convert_lock = threading.Lock()
 
     def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
+        segment = memory_segment(pool)
+        if segment[0] == "VRAM" and self.config.int8:
+            raise ValueError(
+                "int8 KV transfer quantizes on the host: with a pool on a GPU use the plain "
+                "format over NIXL, or the TCP backend"
+            )
         self._agent.register(pool)
         n = layout.num_blocks
-        self._local_pool = self._agent.prep_blocks("", pool.data_ptr(), n, layout.block_bytes)
+        self._local_pool = self._agent.prep_blocks(
+            "", pool.data_ptr(), n, layout.block_bytes, segment
+        )
         if self.config.int8:
             rec = quant.record_bytes(layout)
             self._staging = torch.empty((n, rec), dtype=torch.uint8)
@@ -91,6 +105,7 @@ class NixlSender(SenderBase):
                 f"peer metadata needs a NIXL agent name and buffer addresses {addresses}, got "
                 f"{fields!r:.200}"
             )
+        _pool_segment(fields)
 
     def _add_peer(self, name: str, peer: PeerInfo, raw: bytes) -> _Peer:
         """Load the peer's agent metadata and prepare its blocks; ValueError when NIXL
@@ -113,8 +128,9 @@ class NixlSender(SenderBase):
 
     def _prep_peer(self, name: str, peer: PeerInfo, raw: bytes) -> _Peer:
         layout, fields = peer.layout, peer.fields
+        segment = _pool_segment(fields)
         pool_descs = self._agent.prep_blocks(
-            name, fields["pool_addr"], layout.num_blocks, layout.block_bytes
+            name, fields["pool_addr"], layout.num_blocks, layout.block_bytes, segment
         )
         staging = None
         if peer.int8:
@@ -227,3 +243,15 @@ class NixlSender(SenderBase):
             self._agent.flush(_FLUSH_S)
         except Exception as exc:  # the peer is likely gone; its deadline covers it
             log.info("NIXL failure notice to %s not sent: %s", agent_name, exc)
+
+
+def _pool_segment(fields: dict[str, object]) -> tuple[str, int]:
+    """The receiver pool's NIXL memory segment (kind, device id); ValueError on anything
+    else. A receiver that names none has its pool in host memory."""
+    kind, device_id = fields.get("pool_segment", "DRAM"), fields.get("pool_device", 0)
+    if kind not in ("DRAM", "VRAM") or type(device_id) is not int or device_id < 0:
+        raise ValueError(
+            f"peer pool segment must be DRAM or VRAM with a device id >= 0, got "
+            f"{kind!r:.20} {device_id!r:.20}"
+        )
+    return str(kind), device_id

@@ -3,7 +3,9 @@
 The sender connects, streams ``header | record * n`` (records in the receiver's pool format:
 ``convert.py``) and waits for a one-message ack; the receiver validates the header against
 its pool and ``expect`` before it reads a record, then reads plain records straight into the
-destination blocks (no staging copy) and int8 records through a small buffer. A closed or
+destination blocks (no staging copy) and int8 records through a small buffer. A pool on a
+GPU (or any pool, with ``stage_through_host``) moves through host buffers on both sides
+(``staging.py``), ``_CHUNK_BLOCKS`` blocks at a time. A closed or
 silent connection fails the transfer on both sides within ``io_timeout_s`` (and always by
 ``timeout_s``). With an ``auth_key`` both ends first pass the handshake of handshake.py: a
 connection that fails it is closed before its header is read.
@@ -45,6 +47,7 @@ from pdserve.kv_transfer.sockets import (
     send_all,
     send_quietly,
 )
+from pdserve.kv_transfer.staging import HostStaging, stages_through_host
 from pdserve.kv_transfer.wire import (
     HEADER_PREFIX_BYTES,
     TransferHeader,
@@ -55,7 +58,7 @@ from pdserve.kv_transfer.wire import (
 
 log = logging.getLogger(__name__)
 
-_INT8_CHUNK_BLOCKS = 16  # quantize/dequantize this many blocks at a time to bound memory
+_CHUNK_BLOCKS = 16  # stage or (de)quantize this many blocks at a time to bound memory
 Address = tuple[str, int]
 
 
@@ -66,6 +69,10 @@ class _Progress:
 
 class TcpSender(SenderBase):
     backend_name = "tcp"
+    _staged = False
+
+    def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
+        self._staged = stages_through_host(pool, self.config.stage_through_host)
 
     def _check_fields(self, peer: PeerInfo) -> None:
         host, port = peer.fields.get("host"), peer.fields.get("port")
@@ -124,19 +131,26 @@ class TcpSender(SenderBase):
 
     def _records(self, header: TransferHeader, src: tuple[int, ...]) -> Iterator[memoryview]:
         """Each block's wire record, in order, as a byte buffer."""
-        if not header.int8 and header.dtype == self.pool.dtype:
+        plain = not header.int8 and header.dtype == self.pool.dtype
+        if plain and not self._staged:
             view = pool_bytes(self.pool)  # [num_blocks, block_bytes]
             for block in src:
                 yield memoryview(view[block])
             return
         layout = KVPoolLayout.of_pool(self.pool)
-        for start in range(0, len(src), _INT8_CHUNK_BLOCKS):
-            index = torch.tensor(src[start : start + _INT8_CHUNK_BLOCKS], dtype=torch.long)
-            blocks = self.pool.index_select(0, index)
-            if header.int8:
+        staging = HostStaging(self.pool, _CHUNK_BLOCKS) if self._staged else None
+        for start in range(0, len(src), _CHUNK_BLOCKS):
+            ids = src[start : start + _CHUNK_BLOCKS]
+            if staging is not None:
+                blocks = staging.gather(ids)  # [n, *pool block] in host memory
+            else:
+                blocks = self.pool.index_select(0, torch.tensor(ids, dtype=torch.long))
+            if plain:
+                records = pool_bytes(blocks)
+            elif header.int8:
                 records = quant.encode_records(blocks, layout).numpy()
             else:  # the receiver's pool format (convert.py)
-                records = pool_bytes(convert_blocks(blocks, header.layout(len(index))))
+                records = pool_bytes(convert_blocks(blocks, header.layout(len(ids))))
             for row in records:
                 yield memoryview(row)
 
@@ -154,9 +168,11 @@ class TcpReceiver(ReceiverBase):
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._closed = threading.Event()
+        self._staged = False
         self._connection_slots = threading.BoundedSemaphore(config.max_receive_connections)
 
     def _on_pool_registered(self, pool: torch.Tensor, layout: KVPoolLayout) -> None:
+        self._staged = stages_through_host(pool, self.config.stage_through_host)
         listener = socket.create_server((self.config.host, self.config.port), backlog=64)
         listener.settimeout(0.25)  # lets the accept loop notice close()
         self._listener = listener
@@ -311,21 +327,45 @@ class TcpReceiver(ReceiverBase):
         """Receive records in order, yielding how many blocks each step completed."""
         io_s, deadline_s = self.config.io_timeout_s, exp.deadline_s
         dst = exp.dst_block_ids
-        if not header.int8:
+        if not header.int8 and not self._staged:
             view = pool_bytes(self.pool)  # [num_blocks, block_bytes]
             for block in dst:
                 self._check_open()
                 recv_into_exact(conn, memoryview(view[block]), deadline_s, io_s)
                 yield 1
             return
-        rec_bytes = header.record_bytes()
-        for start in range(0, len(dst), _INT8_CHUNK_BLOCKS):
-            chunk = list(dst[start : start + _INT8_CHUNK_BLOCKS])
-            records = torch.empty((len(chunk), rec_bytes), dtype=torch.uint8)
+        staging = HostStaging(self.pool, _CHUNK_BLOCKS) if self._staged else None
+        for start in range(0, len(dst), _CHUNK_BLOCKS):
+            chunk = list(dst[start : start + _CHUNK_BLOCKS])
             self._check_open()
-            recv_into_exact(conn, records.numpy().reshape(-1).data, deadline_s, io_s)
-            quant.decode_records_into(records, self.pool, chunk, self.layout)
+            self._receive_chunk(conn, header, chunk, staging, deadline_s)
             yield len(chunk)
+
+    def _receive_chunk(
+        self,
+        conn: socket.socket,
+        header: TransferHeader,
+        chunk: list[int],
+        staging: HostStaging | None,
+        deadline_s: float,
+    ) -> None:
+        """One chunk's records into ``pool[chunk]``: through the host buffers of a staged
+        pool; int8 records dequantized on the host side of that copy."""
+        io_s = self.config.io_timeout_s
+        if not header.int8:
+            assert staging is not None, "unstaged plain records go straight into the pool"
+            rows = staging.buffer(len(chunk))  # [n, *pool block] in host memory
+            recv_into_exact(conn, pool_bytes(rows).reshape(-1).data, deadline_s, io_s)
+            staging.scatter(rows, chunk)
+            return
+        records = torch.empty((len(chunk), header.record_bytes()), dtype=torch.uint8)
+        recv_into_exact(conn, records.numpy().reshape(-1).data, deadline_s, io_s)
+        if staging is None:
+            quant.decode_records_into(records, self.pool, chunk, self.layout)
+            return
+        rows = staging.buffer(len(chunk))
+        quant.decode_records_into(records, rows, list(range(len(chunk))), self.layout)
+        staging.scatter(rows, chunk)
 
     def _check_open(self) -> None:
         """Stop writing into the pool once close() began: the caller may free it."""

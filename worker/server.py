@@ -40,6 +40,7 @@ from pdserve.decode_worker.config import DecodeConfig
 from pdserve.decode_worker.service import DecodeService
 from pdserve.engine.async_engine import AsyncEngine
 from pdserve.engine.config import CacheConfig, EngineConfig
+from pdserve.engine.device_options import add_device_arguments, device_settings
 from pdserve.engine.kv_cache.tier_options import (
     add_kv_cache_dtype_argument,
     add_kv_tier_arguments,
@@ -366,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--kv-backend", default="nixl", choices=["nixl", "tcp"])
     add("--num-blocks", type=int, default=None, help="KV pool blocks (default: by memory)")
     add("--block-size", type=int, default=16)
+    add_device_arguments(p)
     add_kv_cache_dtype_argument(p)
     add("--max-num-seqs", type=int, default=64)
     add("--max-num-batched-tokens", type=int, default=2048)
@@ -413,6 +415,7 @@ def configs_from_args(
     engine = EngineConfig(
         model=args.model,
         dtype=args.dtype,
+        **device_settings(args),
         cache=CacheConfig(
             block_size=args.block_size,
             num_blocks=args.num_blocks,

@@ -200,9 +200,15 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,  # [T] int64
         attn: AttentionMetadata,
         kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, row] (attention/base.py)
+        *,
+        max_position: int | None = None,
     ) -> torch.Tensor:
-        """Run the decoder over a flat batch; returns final-normed hidden states ``[T, hidden]``."""
-        cos, sin = self.rotary.lookup(positions)
+        """Run the decoder over a flat batch; returns final-normed hidden states ``[T, hidden]``.
+
+        ``max_position``: the largest of ``positions``, when the caller knows it on the host.
+        Then it is checked against the context here, instead of by reading ``positions``
+        back: on a GPU that read is a sync per step, and a CUDA graph capture forbids it."""
+        cos, sin = self._rope(positions, max_position)
         x = self.embed_tokens(input_ids)  # [T, hidden]
         if self.native_layers is not None:
             step = attn.backend.bind_native_decode(attn, kv_cache, x.dtype, self.config.num_heads)
@@ -211,6 +217,20 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, attn, kv_cache)
         return self.norm(x)
+
+    def _rope(
+        self, positions: torch.Tensor, max_position: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[T, 1, head_dim / 2]`` of each position."""
+        rotary = self.rotary
+        if max_position is None:
+            return rotary.lookup(positions)
+        if max_position >= rotary.cos.shape[0]:
+            raise ValueError(
+                f"position {max_position} is beyond the model's context of "
+                f"{rotary.cos.shape[0]} tokens"
+            )
+        return rotary.cos[positions].unsqueeze(1), rotary.sin[positions].unsqueeze(1)
 
     def decoder_layers(self) -> list[DecoderLayer]:
         """``self.layers``, typed."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,26 @@ def load_model(
     if entry is not None and use_cache:
         weight_cache.write(entry, config, state)
     return LlamaModel.from_state_dict(config, state)
+
+
+def model_from_hf_state_dict(
+    raw_config: Mapping[str, Any],
+    hf_state: Mapping[str, torch.Tensor],
+    model_id: str,
+    dtype: torch.dtype = torch.float32,
+) -> LlamaModel:
+    """A model from weights already in memory under Hugging Face names (``config.json``'s
+    dict and e.g. ``LlamaForCausalLM.state_dict()``), copied and cast to ``dtype``: for
+    checks that build a model with random weights and no files."""
+    config = config_from_hf(raw_config, model_id)
+    get = hf_state.get
+    state = {}
+    for i in range(config.num_layers):
+        state.update(_layer_weights(get, config, i))
+    state.update(_global_weights(get, config))
+    return LlamaModel.from_state_dict(
+        config, {name: t.detach().to(dtype).clone() for name, t in state.items()}
+    )
 
 
 def _layer_weights(get: TensorGetter, config: ModelConfig, i: int) -> dict[str, torch.Tensor]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from pdserve.engine.attention import get_backend
 from pdserve.engine.kv_cache import KVCacheManager
 from pdserve.engine.model.registry import resolve_model
@@ -23,6 +25,7 @@ def build_speculator(
     block_size: int,
     attention_backend: str,
     max_model_len: int,
+    device: torch.device | str = "cpu",
 ) -> Speculator | None:
     """None when speculation is off. A draft model named like the target reuses its weights
     (the model as its own draft: every candidate is accepted; for tests and checks)."""
@@ -32,7 +35,9 @@ def build_speculator(
     if config.method == "ngram":
         proposer = NgramProposer(config)
     else:
-        proposer = _draft_proposer(config, target, block_size, attention_backend, max_model_len)
+        proposer = _draft_proposer(
+            config, target, block_size, attention_backend, max_model_len, torch.device(device)
+        )
     log.info(
         "speculative decoding: %s, up to %d tokens deep, %d per tree, %d per step",
         config.method if config.method == "ngram" else f"draft model {config.draft_model}",
@@ -49,10 +54,11 @@ def _draft_proposer(
     block_size: int,
     attention_backend: str,
     max_model_len: int,
+    device: torch.device,
 ) -> DraftModelProposer:
     assert config.draft_model is not None, "draft method without a draft model"
     same = resolve_model(config.draft_model).model_id == target.source.model_id
-    draft = target if same else load(config.draft_model, target.dtype)
+    draft = target if same else load(config.draft_model, target.dtype, device)
     if draft.model.config.vocab_size != target.model.config.vocab_size:
         raise ValueError(
             f"draft model {config.draft_model!r} has a vocabulary of "
@@ -61,14 +67,15 @@ def _draft_proposer(
         )
     model_config = draft.model.config
     pool = allocate_kv_cache(
-        model_config, config.draft_num_blocks, block_size, TORCH_DTYPES[target.dtype]
+        model_config, config.draft_num_blocks, block_size, TORCH_DTYPES[target.dtype], device
     )
     runner = ModelRunner(
         model_config,
         draft.model,
         pool,
         block_size,
-        attention_backend=get_backend(attention_backend, "cpu"),
+        device,
+        get_backend(attention_backend, device, block_size),
     )
     kv = KVCacheManager(config.draft_num_blocks, block_size, enable_prefix_caching=False)
     draft_len = min(max_model_len, model_config.max_context_tokens)

@@ -71,16 +71,19 @@ class TierCodec:
         return scales * SCALE_DTYPE.itemsize + s.elements
 
     def encode(self, block: torch.Tensor) -> torch.Tensor:
-        """``block`` (one pool block) as a new flat ``uint8`` payload."""
+        """``block`` (one pool block, on any device) as a new flat ``uint8`` payload in host
+        memory: the tiers are host memory and disk."""
         if self.name == "exact":
-            return block.reshape(-1).view(torch.uint8).clone()
+            return block.reshape(-1).view(torch.uint8).to("cpu", copy=True)
         q = quantize_blocks(block.unsqueeze(0))
-        return torch.cat(
+        payload = torch.cat(
             [t.reshape(-1).view(torch.uint8) for t in (q.k_scales, q.v_scales, q.values)]
         )
+        return payload.cpu()
 
     def decode_into(self, payload: torch.Tensor, block: torch.Tensor) -> None:
-        """Write the block ``payload`` holds into ``block`` (a pool block of ``dtype``)."""
+        """Write the block ``payload`` holds into ``block`` (a pool block of ``dtype``, on any
+        device)."""
         if self.name == "exact":
             block.copy_(payload.view(self.dtype).view(block.shape))
             return

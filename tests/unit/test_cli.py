@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from pdserve.bench.cli import build_parser as bench_parser
 from pdserve.cluster.cli import build_parser, main
@@ -275,3 +276,45 @@ def test_a_bad_kv_cache_dtype_names_the_choices(capsys: pytest.CaptureFixture[st
         main(["generate", "--prompt", "x", "--kv-cache-dtype", "fp8"])
     err = capsys.readouterr().err
     assert "--kv-cache-dtype: invalid choice: 'fp8'" in err and "'int8'" in err, err
+
+
+def test_device_flags_reach_every_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--device cpu --no-cuda-graphs``: the worker server's engine config, every worker
+    that ``pdserve up`` starts and ``pdserve worker``'s server; default auto, graphs on."""
+    flags = ("--device", "cpu", "--no-cuda-graphs")
+    argv = ["--role", "decode", *flags]
+    _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(argv))
+    assert (engine.device, engine.cuda_graphs) == ("cpu", False)
+    launch = build_up_config(_up_args(*flags), Settings.from_env()).worker
+    for role in ("prefill", "decode", "colocated"):
+        server_argv = launch.for_worker(role, f"{role}-0").worker.server_args()
+        _server, engine, _transfer, _decode = configs_from_args(
+            worker_parser().parse_args(server_argv)
+        )
+        assert (engine.device, engine.cuda_graphs) == ("cpu", False), role
+    default = build_up_config(_up_args(), Settings.from_env()).worker
+    server_argv = default.for_worker("decode", "decode-0").worker.server_args()
+    _server, engine, _transfer, _decode = configs_from_args(worker_parser().parse_args(server_argv))
+    assert (engine.device, engine.cuda_graphs) == ("auto", True)
+    engine = _pdserve_worker_engine(monkeypatch, argv)
+    assert (engine.device, engine.cuda_graphs) == ("cpu", False)
+
+
+def test_generate_takes_the_device_flags() -> None:
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--device", "cuda:1"])
+    assert (args.device, args.cuda_graphs) == ("cuda:1", True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
+def test_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--prompt", "x", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "device 'cuda' asked for, but torch sees no CUDA device" in err, err
+    assert "--device cpu" in err, err
+
+
+def test_a_bad_device_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="device must be one of"):
+        EngineConfig(device="tpu")
+    config = EngineConfig.from_kwargs(device="cpu", cuda_graphs=False)
+    assert (config.device, config.cuda_graphs) == ("cpu", False)

@@ -1,0 +1,3 @@
+from pdserve.bench.gpu_check.cli import main
+
+raise SystemExit(main())
