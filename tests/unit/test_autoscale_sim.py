@@ -134,9 +134,9 @@ def test_quick_run_writes_the_table(tmp_path: Path, capsys: pytest.CaptureFixtur
     text = (tmp_path / "results.md").read_text()
     assert "| trace | policy |" in text and "pdserve planner" in text
     assert "disaggregated ÷ colocated" in text and "Planner.decide" in text
-    # 6 policies and 6 operating points on diurnal; the frontier table: 7 planner runs and
+    # 6 policies and 8 operating points on diurnal; the frontier table: 9 planner runs and
     # 2 baselines
-    assert text.count("| diurnal |") == 6 + 6 + 7 + 2 and (tmp_path / "results.json").exists()
+    assert text.count("| diurnal |") == 6 + 8 + 9 + 2 and (tmp_path / "results.json").exists()
     assert "| trace | planner operating point |" in text
     assert "beats reactive (llm-d-like) on attainment at equal or fewer worker-hours" in text
     assert "| trace | policy |" in capsys.readouterr().out
