@@ -12,6 +12,7 @@ from typing import Any
 
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
+from pdserve.cluster.routing_options import add_routing_arguments, routing_fields
 from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 
 DEFAULT_STATE_FILE = Path.home() / ".pdserve" / "join.json"
@@ -56,7 +57,7 @@ def add_parsers(sub: Any) -> None:
     add("--router-host", default="0.0.0.0", help="the router's bind address")
     add("--http-port", type=int, default=8000)
     add("--grpc-port", type=int, default=50051)
-    add("--policy", default=None, help="default routing policy of the router")
+    add_routing_arguments(p, "default routing policy of the router")
     add_front_door_arguments(p, settings)  # the router's: give it the head's front door
     add_slo_arguments(p)
     add("--state-file", type=Path, default=DEFAULT_STATE_FILE,
@@ -105,7 +106,7 @@ def build_join_config(args: argparse.Namespace, settings: Settings) -> Any:
             host=args.router_host,
             grpc_port=args.grpc_port,
             http_port=args.http_port,
-            **({"default_policy": args.policy} if args.policy else {}),
+            **routing_fields(args),
             **front_door_fields(args),
             **slo_fields(args),
         )

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
+from pdserve.cluster.routing_options import add_routing_arguments, routing_fields
 from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 from pdserve.engine.device_options import add_device_arguments, device_flags, device_settings
 from pdserve.engine.kv_cache.tier_options import (
@@ -60,7 +61,7 @@ def add_parsers(sub: Any) -> None:
     add("--grpc-port", type=int, default=50051)
     add("--model", default="smollm2-135m-instruct", help="the model the workers serve")
     add("--block-size", type=int, default=16)
-    add("--policy", default=None, help="default routing policy")
+    add_routing_arguments(r, "default routing policy")
     add("--router-processes", type=int, default=1, metavar="N")
     _add_redis_arguments(r, settings)
     add_front_door_arguments(r, settings)
@@ -171,7 +172,7 @@ async def _serve_router(args: argparse.Namespace) -> None:
         http_port=args.http_port,
         block_size=args.block_size,
         reuse_port=args.router_processes > 1,
-        **({"default_policy": args.policy} if args.policy else {}),
+        **routing_fields(args),
         **front_door_fields(args),
         **slo_fields(args),
     )

@@ -14,6 +14,7 @@ from pdserve.cluster.cli_join import check_host_name
 from pdserve.cluster.cpu_affinity import parse_cpu_affinity
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
 from pdserve.cluster.settings import Settings
+from pdserve.cluster.routing_options import add_routing_arguments, routing_fields
 from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 from pdserve.engine.device_options import add_device_arguments, device_flags, device_settings
 from pdserve.engine.kv_cache.tier_options import (
@@ -77,7 +78,7 @@ def add_parser(sub: Any) -> None:
     add_kv_cache_dtype_argument(p)
     add("--worker-arg", action="append", default=[], metavar="ARG",
         help="extra flag for every worker (see python -m pdserve.worker.server -h)")  # fmt: skip
-    add("--policy", default=None, help="default routing policy of the router")
+    add_routing_arguments(p, "default routing policy of the router")
     add("--router-processes", type=int, default=1, metavar="N",
         help="router processes sharing the ports (SO_REUSEPORT): one serves about 1,000 "
         "requests/s; each client connection stays with one process (default 1)")  # fmt: skip
@@ -174,15 +175,12 @@ def build_up_config(args: argparse.Namespace, settings: Settings) -> Any:
             else parse_cpu_affinity(args.cpu_affinity)
         ),
     )
-    router_kwargs: dict[str, Any] = {}
-    if args.policy:
-        router_kwargs["default_policy"] = args.policy
     router = RouterConfig(
         host=args.host or ("0.0.0.0" if args.head else "127.0.0.1"),
         grpc_port=args.grpc_port,
         http_port=args.http_port,
         block_size=args.block_size,
-        **router_kwargs,
+        **routing_fields(args),
         **front_door_fields(args),
         **slo_fields(args),
     )

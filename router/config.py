@@ -26,6 +26,10 @@ class RouterConfig:
     # joint_ttft may send a prefill worker to fetch a prompt prefix another prefill worker
     # holds (PrefillRequest.peer_prefix) when the cost model says moving beats computing.
     peer_fetch: bool = True
+    # Price each (prefill, decode) link at its measured KV rate (router/state/link_rates.py);
+    # off, routing is blind to links: every pair costs CostModel.link_bytes_per_s. The
+    # rates are measured either way (/metrics shows them).
+    link_aware: bool = True
     block_size: int = 16
     # Limits.
     max_concurrent_requests: int = 1024

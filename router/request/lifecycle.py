@@ -187,9 +187,10 @@ class RequestLifecycle:
     ) -> tuple[RouteRequest, Sequence[BlockHash]]:
         """What routing knows of ``inp``: per worker, the prompt blocks it holds (locality
         index, or just sent there) and the new prefix it was given lately; and the
-        prompt's block hashes (empty without a hasher); and the links' measured rates."""
+        prompt's block hashes (empty without a hasher); and the links' measured rates (none
+        when the router is blind to links: ``RouterConfig.link_aware``)."""
         size = self.config.block_size
-        links = self.link_rates.rates(time.monotonic())
+        links = self.link_rates.rates(time.monotonic()) if self.config.link_aware else {}
         if self.hasher is None:
             return RouteRequest(len(inp.prompt_token_ids), size, link_rates=links), ()
         hashes = self.hasher(inp.prompt_token_ids)

@@ -91,6 +91,20 @@ def test_a_transfer_report_measures_its_link_and_the_next_request_avoids_a_slow_
     assert (second.prefill_worker, second.decode_worker) == ("p0", "d1")
 
 
+def test_a_router_blind_to_links_measures_them_but_routes_as_if_every_link_were_alike() -> None:
+    blind = start_stub_cluster({"p0": "prefill", "d0": "decode", "d1": "decode"},
+                               RouterConfig(link_aware=False))  # fmt: skip
+    try:
+        blind.lifecycle.link_rates = LinkRates(min_bytes=1)
+        params = common_pb2.SamplingParams(max_tokens=2)
+        for _ in range(2):  # the same slow link measured, and chosen again (ties by id)
+            last = generate(blind, text="hello", params=params)[-1]
+            assert (last.prefill_worker, last.decode_worker) == ("p0", "d0")
+        assert set(blind.lifecycle.link_rates.rates(time.monotonic())) == {("p0", "d0")}
+    finally:
+        blind.stop()
+
+
 def test_finished_at_first_token_frees_the_decode_reservation(disagg: StubCluster) -> None:
     responses = generate(disagg, text="hello", params=common_pb2.SamplingParams(max_tokens=1))
     assert [r.chunk.text for r in responses] == [" w0"]

@@ -9,6 +9,7 @@ import torch
 from pdserve.bench.cli import build_parser as bench_parser
 from pdserve.cluster.cli import build_parser, main
 from pdserve.cluster.cli_up import build_up_config
+from pdserve.cluster.routing_options import routing_fields
 from pdserve.cluster.settings import Settings
 from pdserve.engine.config import CacheConfig, EngineConfig
 from pdserve.engine.kv_cache.tier_options import parse_size_bytes
@@ -78,6 +79,16 @@ def test_up_and_router_take_the_slo_and_its_admission_factor(
     assert (plain.shed_ttft_factor, plain.adaptive_concurrency) == (0.0, False)
     assert main(["up", "--slo-ttft-ms", "0"]) == 2
     assert "--slo-ttft-ms and --slo-tpot-ms must be > 0" in capsys.readouterr().err
+
+
+def test_up_join_and_router_take_the_link_aware_switch_on_by_default() -> None:
+    assert build_up_config(_up_args(), Settings.from_env()).router.link_aware
+    blind = build_up_config(_up_args("--no-link-aware", "--policy", "round_robin"),
+                            Settings.from_env()).router  # fmt: skip
+    assert (blind.link_aware, blind.default_policy) == (False, "round_robin")
+    for command in (["join", "10.0.0.1:6379", "--router"], ["router"]):
+        args, _extra = build_parser().parse_known_args([*command, "--no-link-aware"])
+        assert routing_fields(args) == {"link_aware": False}
 
 
 def test_up_gives_the_speculative_flags_to_decode_and_colocated_workers_only() -> None:
