@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
-from pdserve.cluster.settings import Settings
 from pdserve.cluster.routing_options import add_routing_arguments, routing_fields
+from pdserve.cluster.settings import Settings
 from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 
 DEFAULT_STATE_FILE = Path.home() / ".pdserve" / "join.json"

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
-from pdserve.cluster.settings import Settings
 from pdserve.cluster.routing_options import add_routing_arguments, routing_fields
+from pdserve.cluster.settings import Settings
 from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 from pdserve.engine.device_options import add_device_arguments, device_flags, device_settings
 from pdserve.engine.kv_cache.tier_options import (

@@ -13,8 +13,8 @@ from pdserve.cluster.cli_autoscale import add_autoscale_arguments, autoscale_set
 from pdserve.cluster.cli_join import check_host_name
 from pdserve.cluster.cpu_affinity import parse_cpu_affinity
 from pdserve.cluster.front_door import add_front_door_arguments, front_door_fields
-from pdserve.cluster.settings import Settings
 from pdserve.cluster.routing_options import add_routing_arguments, routing_fields
+from pdserve.cluster.settings import Settings
 from pdserve.cluster.slo_options import add_slo_arguments, slo_fields
 from pdserve.engine.device_options import add_device_arguments, device_flags, device_settings
 from pdserve.engine.kv_cache.tier_options import (
