@@ -16,6 +16,9 @@ Each runs once as warm-up, then ``--repeats`` times, alternating; the ratio is k
 over raw's, of the medians and of the best runs.
 
     sudo .venv/bin/python -m pdserve.bench.multi_host [--tokens 2048] [--repeats 5]
+
+``--routing`` runs the other part instead: link-aware vs link-blind routing to decode hosts
+behind a 1 Gbit/s and a 10 Gbit/s link (bench/multi_host_routing.py).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ from pathlib import Path
 
 import torch
 
+from pdserve.bench.multi_host_routing import (
+    RoutingSettings,
+    format_routing_report,
+    run_routing_bench,
+)
 from pdserve.bench.netns_hosts import lan, skip_reason
 from pdserve.kv_transfer import (
     KVPoolLayout,
@@ -48,6 +56,7 @@ NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 30, 3, 64, 16
 AUTH_KEY = bytes(range(32))  # both ends share it, as a cluster's hosts share their secret
 RAW_PORT = 47_001
 TIMEOUT_S = 120.0
+DEFAULT_ROUTING = RoutingSettings()
 POLL_S = 0.005
 
 
@@ -179,7 +188,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pdserve.bench.multi_host")
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=5)
+    routing = parser.add_argument_group("--routing: link-aware vs link-blind routing "
+                                        "(bench/multi_host_routing.py)")  # fmt: skip
+    routing.add_argument("--routing", action="store_true",
+                         help="run the routing part instead of the transfer one")  # fmt: skip
+    routing.add_argument("--requests", type=int, default=DEFAULT_ROUTING.requests,
+                         help="measured requests per router")  # fmt: skip
+    routing.add_argument("--warmup", type=int, default=DEFAULT_ROUTING.warmup)
+    routing.add_argument("--max-tokens", type=int, default=DEFAULT_ROUTING.max_tokens)
     parsed = parser.parse_args(args)
+    if parsed.routing:
+        settings = RoutingSettings(parsed.tokens, parsed.max_tokens, parsed.requests,
+                                   parsed.warmup)  # fmt: skip
+        print(format_routing_report(run_routing_bench(settings)))
+        return
     print(format_report(run_bench(parsed.tokens, parsed.repeats)))
 
 

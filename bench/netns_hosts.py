@@ -86,11 +86,12 @@ class Host:
     def reconnect(self) -> None:
         _ip("link", "set", self.link, "up")
 
-    def limit_inbound(self, rate: str) -> None:
+    def limit_inbound(self, rate: str, burst: str = "32kbit") -> None:
         """Traffic toward this host passes at most ``rate`` (tc's units: ``100mbit``): a
-        token bucket on the bridge end of its veth."""
+        token bucket of ``burst`` on the bridge end of its veth. A fast rate needs a bucket
+        of at least one timer tick of it (1 ms of 10 Gbit/s: ``10000kbit``)."""
         _tc("qdisc", "replace", "dev", self.link, "root", "tbf", "rate", rate,
-            "burst", "32kbit", "latency", "400ms")  # fmt: skip
+            "burst", burst, "latency", "400ms")  # fmt: skip
 
     def unlimit_inbound(self) -> None:
         _tc("qdisc", "del", "dev", self.link, "root", check=False)
