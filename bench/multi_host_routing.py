@@ -32,8 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,34 +101,47 @@ def _wait_for_state(path: Path, log: Path) -> dict[str, Any]:
     return state
 
 
-@contextmanager
-def routing_cluster(net: Lan, directory: Path, num_blocks: int) -> Iterator[dict[str, str]]:
-    """Start the cluster on ``net``; yields each configuration's router gRPC address (and
-    the aware router's /metrics URL under "metrics")."""
-    blocks = ("--num-blocks", str(num_blocks))
-    head = net.hosts["head"]
-    head_file = directory / "head.json"
-    head.popen((*PDSERVE, "up", "--head", "--name", "head", "--http-port", "0", "--grpc-port",
-                "0", "--no-dashboard", "--kv-backend", "tcp", *blocks, "--state-file",
-                str(head_file)), ENV, directory / "head.log")  # fmt: skip
-    state = _wait_for_state(head_file, directory / "head.log")
-    _, _, head_address, _, token_file, *_ = state["join_command"].split()
-    for name, role in (("pf", "--prefill"), ("dc1g", "--decode"), ("dc10g", "--decode")):
-        net.hosts[name].popen((*PDSERVE, "join", head_address, "--token-file", token_file,
-                               "--name", name, role, "1", *blocks, "--state-file",
-                               str(directory / f"{name}.json")), ENV,
-                              directory / f"{name}.log")  # fmt: skip
-    head.popen((*PDSERVE, "router", "--no-link-aware", "--grpc-port", str(BLIND_GRPC_PORT),
-                "--http-port", str(BLIND_HTTP_PORT), "--redis-url", state["redis_url"],
-                "--key-prefix", state["key_prefix"], "--cluster-secret-file",
-                state["secret_file"]), ENV, directory / "blind-router.log")  # fmt: skip
-    for name in ("pf", *LINKS):
+def start_head(net: Lan, directory: Path, *flags: str) -> dict[str, Any]:
+    """`pdserve up --head` on the host "head" (no workers of its own); its state file."""
+    path = directory / "head.json"
+    net.hosts["head"].popen((*PDSERVE, "up", "--head", "--name", "head", "--http-port", "0",
+                             "--grpc-port", "0", "--no-dashboard", "--kv-backend", "tcp",
+                             *flags, "--state-file", str(path)), ENV,
+                            directory / "head.log")  # fmt: skip
+    return _wait_for_state(path, directory / "head.log")
+
+
+def join(net: Lan, directory: Path, head: dict[str, Any], name: str, *flags: str) -> None:
+    """`pdserve join` on host ``name`` (wait for it with ``joined``)."""
+    _, _, head_address, _, token_file, *_ = head["join_command"].split()
+    net.hosts[name].popen((*PDSERVE, "join", head_address, "--token-file", token_file, "--name",
+                           name, *flags, "--state-file", str(directory / f"{name}.json")), ENV,
+                          directory / f"{name}.log")  # fmt: skip
+
+
+def joined(directory: Path, names: Sequence[str]) -> None:
+    for name in names:
         _wait_for_state(directory / f"{name}.json", directory / f"{name}.log")
+
+
+def routing_cluster(net: Lan, directory: Path, num_blocks: int) -> dict[str, str]:
+    """Start the cluster on ``net`` (``lan`` stops it); each configuration's router gRPC
+    address, and the aware router's /metrics URL under "metrics"."""
+    blocks = ("--num-blocks", str(num_blocks))
+    state = start_head(net, directory, *blocks)
+    for name, role in (("pf", "--prefill"), ("dc1g", "--decode"), ("dc10g", "--decode")):
+        join(net, directory, state, name, role, "1", *blocks)
+    net.hosts["head"].popen((*PDSERVE, "router", "--no-link-aware", "--grpc-port",
+                             str(BLIND_GRPC_PORT), "--http-port", str(BLIND_HTTP_PORT),
+                             "--redis-url", state["redis_url"], "--key-prefix",
+                             state["key_prefix"], "--cluster-secret-file", state["secret_file"]),
+                            ENV, directory / "blind-router.log")  # fmt: skip
+    joined(directory, ("pf", *LINKS))
     for name, (rate, burst) in LINKS.items():
         net.hosts[name].limit_inbound(rate, burst)
-    yield {
+    return {
         "link-aware": state["grpc"],
-        "link-blind": f"{head.address}:{BLIND_GRPC_PORT}",
+        "link-blind": f"{net.hosts['head'].address}:{BLIND_GRPC_PORT}",
         "metrics": state["metrics"],
     }
 
@@ -190,11 +202,8 @@ def run_routing_bench(settings: RoutingSettings) -> RoutingRun:
         raise SystemExit(f"pdserve.bench.multi_host: {reason}")
     texts = PromptTexts(load_tokenize(default_model_file()))
     served: list[Served] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="pdserve-linkbench-") as tmp,
-        lan(HOSTS) as net,
-        routing_cluster(net, Path(tmp), settings.num_blocks) as routers,
-    ):
+    with tempfile.TemporaryDirectory(prefix="pdserve-linkbench-") as tmp, lan(HOSTS) as net:
+        routers = routing_cluster(net, Path(tmp), settings.num_blocks)
         channels = {c: grpc.insecure_channel(routers[c]) for c in CONFIGS}
         try:
             stubs = {c: inference_pb2_grpc.InferenceStub(ch) for c, ch in channels.items()}
