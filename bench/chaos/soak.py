@@ -26,7 +26,7 @@ from pdserve.bench.chaos.cluster import ChaosCluster, worker_stats
 from pdserve.bench.chaos.load import SteadyLoad
 from pdserve.bench.up_process import descendants
 from pdserve.proto import worker_pb2_grpc
-from pdserve.proto.workers import WorkerRole
+from pdserve.proto.workers import WorkerInfo, WorkerRole
 
 WARMUP_SHARE = 0.2
 MIN_WARMUP_S = 60.0
@@ -45,6 +45,7 @@ class Sample:
     at_s: float
     processes: dict[str, ProcessSample]  # name -> figures
     redis_keys: int
+    registered_workers: int  # a worker missing here lost its lease (or died)
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,6 +74,13 @@ def growth(samples: Sequence[Sample], warmup_s: float) -> list[Growth]:
     return rows
 
 
+def vanished(samples: Sequence[Sample], warmup_s: float) -> list[str]:
+    """Processes followed at the end of the warm-up and not at the end (pure): a worker here
+    died, or lost its registration, during the soak."""
+    warm = next(s for s in samples if s.at_s >= warmup_s)
+    return sorted(set(warm.processes) - set(samples[-1].processes))
+
+
 def _proc_sample(pid: int) -> ProcessSample | None:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -84,15 +92,14 @@ def _proc_sample(pid: int) -> ProcessSample | None:
     return ProcessSample(rss_kb / 1024, fds, int(fields["Threads"]))
 
 
-def _names(cluster: ChaosCluster) -> dict[int, str]:
+def _names(cluster: ChaosCluster, workers: Sequence[WorkerInfo]) -> dict[int, str]:
     """pid -> a stable name, for the processes worth following."""
     up = cluster.up
     names = {up.process.pid: "pdserve up (router 0)"}
     for i, pid in enumerate(cluster.spare_router_pids(), start=1):
         names[pid] = f"router {i}"
-    for role in WorkerRole:
-        for w in cluster.workers(role):
-            names[int(dict(w.load.extra)["pid"])] = w.worker_id
+    for w in workers:
+        names[int(dict(w.load.extra)["pid"])] = w.worker_id
     for pid, cmd in descendants(up.process.pid).items():
         if pid in names:
             continue
@@ -106,8 +113,9 @@ def _names(cluster: ChaosCluster) -> dict[int, str]:
 
 
 def take_sample(cluster: ChaosCluster, start_s: float) -> Sample:
+    workers = [w for role in WorkerRole for w in cluster.workers(role)]
     processes = {}
-    for pid, name in _names(cluster).items():
+    for pid, name in _names(cluster, workers).items():
         figures = _proc_sample(pid)
         if figures is not None:
             processes[name] = figures
@@ -116,7 +124,7 @@ def take_sample(cluster: ChaosCluster, start_s: float) -> Sample:
         keys = int(client.dbsize())
     finally:
         client.close()
-    return Sample(time.monotonic() - start_s, processes, keys)
+    return Sample(time.monotonic() - start_s, processes, keys, len(workers))
 
 
 def redis_key_kinds(cluster: ChaosCluster) -> Counter[str]:
@@ -156,6 +164,7 @@ class SoakReport:
     failed: dict[str, int]
     samples: list[Sample]
     growth: list[Growth]
+    vanished: list[str]
     kv_in_use_at_idle: dict[str, int]
     redis_keys_at_idle: dict[str, int]
     inexact_streams: int = 0  # completed streams unlike their request's first one
@@ -185,6 +194,7 @@ async def soak(
         failed=dict(failed),
         samples=samples,
         growth=growth(samples, min(warmup_s, samples[-1].at_s)),
+        vanished=vanished(samples, min(warmup_s, samples[-1].at_s)),
         kv_in_use_at_idle=await kv_in_use(cluster),
         redis_keys_at_idle=dict(redis_key_kinds(cluster)),
     )
@@ -202,8 +212,11 @@ def print_soak(report: SoakReport) -> None:
             f"| {g.name} | {g.rss_warm_mb:.0f} → {g.rss_end_mb:.0f} | {g.rss_growth:+.1%} "
             f"| {g.fds_warm} → {g.fds_end} | {g.threads_warm} → {g.threads_end} |"
         )
+    print(f"followed after warm-up, gone at the end: {report.vanished or 'none'}")
     keys = [s.redis_keys for s in report.samples]
     print(f"Redis keys over time: {', '.join(map(str, keys))}")
     print(f"Redis keys at idle, by kind: {report.redis_keys_at_idle}")
+    registered = [s.registered_workers for s in report.samples]
+    print(f"registered workers over time: {', '.join(map(str, registered))}")
     print(f"KV blocks in use at idle: {report.kv_in_use_at_idle}")
     print(f"completed streams unlike their request's first: {report.inexact_streams}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pdserve.bench.chaos.analysis import Outcome, Slo, TokenErrors, report, token_errors
-from pdserve.bench.chaos.soak import ProcessSample, Sample, growth
+from pdserve.bench.chaos.soak import ProcessSample, Sample, growth, vanished
 
 SLO = Slo(ttft_s=1.0, tpot_s=0.1)
 REFERENCE = {0: (1, 2, 3, 4, 5, 6)}
@@ -74,7 +74,7 @@ def test_goodput_not_back_by_the_end_has_no_recovery_time() -> None:
 def test_soak_growth_is_measured_from_the_end_of_the_warm_up() -> None:
     def at(t: float, rss: float, fds: int) -> Sample:
         return Sample(
-            t, {"decode-0": ProcessSample(rss, fds, 12), "gone": ProcessSample(1, 1, 1)}, 9
+            t, {"decode-0": ProcessSample(rss, fds, 12), "gone": ProcessSample(1, 1, 1)}, 9, 1
         )
 
     samples = [at(0, 100, 10), at(30, 400, 40), at(60, 410, 41), at(90, 420, 40)]
@@ -83,3 +83,4 @@ def test_soak_growth_is_measured_from_the_end_of_the_warm_up() -> None:
     assert (row.name, row.rss_warm_mb, row.rss_end_mb) == ("decode-0", 400, 420)
     assert row.rss_growth == pytest.approx(0.05)
     assert (row.fds_warm, row.fds_end, row.threads_end) == (40, 40, 12)
+    assert vanished(samples, warmup_s=30) == ["gone"]
