@@ -90,8 +90,18 @@ def tier_load_s(hit: PrefixHit, cost: CostModel) -> float:
 
 
 def link_bytes_per_s(request: RouteRequest, sender: str, receiver: str, cost: CostModel) -> float:
-    """The link's measured KV rate, or the cost model's default for a link not measured."""
-    return request.link_rates.get((sender, receiver), cost.link_bytes_per_s)
+    """The link's measured KV rate; for a link not measured, the cost model's default or
+    twice the fastest measured link, whichever is faster.
+
+    The optimism is what gets a link measured: priced at the default, a link would never be
+    tried once another measured faster than that (a same-host one, say), and its rate never
+    learnt. So the next prompt long enough for links to matter tries it, once; a slow link
+    forgotten after ``LinkRates.max_age_s`` is tried again the same way.
+    """
+    measured = request.link_rates.get((sender, receiver))
+    if measured is not None:
+        return measured
+    return max(cost.link_bytes_per_s, 2.0 * request.fastest_link_bytes_per_s)
 
 
 def fetch_s(request: RouteRequest, prefill: str, holder: WorkerCandidate, cost: CostModel) -> float:

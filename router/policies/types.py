@@ -49,7 +49,8 @@ class CostModel:
 
     Defaults fit SmolLM2-135M on a CPU: 30 layers x K,V x 3 KV heads x 64 dims x 2 bytes
     = 23,040 KV bytes per token, and a loopback link. ``link_bytes_per_s`` is the rate of
-    a link no transfer has measured yet (``RouteRequest.link_rates`` holds the measured ones).
+    a link no transfer has measured yet, while no link is measured faster than half of it
+    (``RouteRequest.link_rates`` holds the measured ones; cost.link_bytes_per_s).
     """
 
     prefill_s_per_token: float = 2e-4
@@ -97,7 +98,8 @@ class RouteRequest:
     queue behind them, but a peer fetch asks only for what the index knows it holds.
     ``new_blocks`` maps worker id -> blocks of new prefix this router gave it lately.
     ``link_rates`` maps (sender, receiver) worker ids -> the KV bytes/s that link moved
-    lately (router/state/link_rates.py); missing = ``CostModel.link_bytes_per_s``.
+    lately (router/state/link_rates.py); a link missing there is priced optimistically
+    (``cost.link_bytes_per_s``).
     """
 
     prompt_tokens: int
@@ -106,10 +108,14 @@ class RouteRequest:
     new_blocks: Mapping[str, int] = field(default_factory=dict)
     pending_blocks: Mapping[str, int] = field(default_factory=dict)
     link_rates: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    fastest_link_bytes_per_s: float = field(init=False, default=0.0)  # of ``link_rates``
 
     def __post_init__(self) -> None:
         assert self.prompt_tokens >= 1, f"prompt_tokens must be >= 1, got {self.prompt_tokens}"
         assert self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}"
+        # Once per request, not per candidate pair routing prices.
+        fastest = max(self.link_rates.values(), default=0.0)
+        object.__setattr__(self, "fastest_link_bytes_per_s", fastest)
 
     @property
     def prompt_blocks(self) -> int:

@@ -170,6 +170,23 @@ def test_an_unmeasured_link_uses_the_cost_models_default_rate() -> None:
     assert predict_ttft(default, workers[0], workers[1], cost).transfer_s == pytest.approx(0.16)
 
 
+def test_an_unmeasured_link_is_tried_once_another_beats_the_default() -> None:
+    # p0 -> d0 (same host, say) measured at 1.5 GB/s, above the 1 GB/s default: priced at the
+    # default, d1's link would never be tried and its rate never learnt.
+    cost = CostModel(prefill_s_per_token=1e-4, decode_admission_s=1e-3)
+    workers = [worker("p0", P), worker("d0", D), worker("d1", D)]
+    request = RouteRequest(prompt_tokens=2048, link_rates={("p0", "d0"): 1.5e9})
+    ranked = JointTtftPolicy(cost).rank(request, workers)
+    assert pairs(ranked)[0] == ("p0", "d1")
+    estimate = predict_ttft(request, workers[0], workers[2], cost)
+    assert estimate.transfer_s == pytest.approx(2048 * 23_040 / 3e9)  # twice the fastest
+    # Once measured slow, the fast link wins again.
+    measured = RouteRequest(
+        prompt_tokens=2048, link_rates={("p0", "d0"): 1.5e9, ("p0", "d1"): 12e6}
+    )
+    assert pairs(JointTtftPolicy(cost).rank(measured, workers))[0] == ("p0", "d0")
+
+
 def test_joint_ranks_a_decode_worker_without_room_last() -> None:
     request = RouteRequest(prompt_tokens=100)  # needs 7 blocks
     workers = [
