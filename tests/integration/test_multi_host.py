@@ -397,23 +397,27 @@ def test_the_router_learns_a_slow_link_and_keeps_long_prompts_off_it(
 ) -> None:
     # The link toward dc at 100 Mbit/s; pf's own decode worker is across loopback. Each
     # prompt differs from its first token, so no cache makes one decode worker cheaper.
-    prompts = [hf_smollm2_tokenizer(f"Log {i}. {BASE_PROMPT * 4}").input_ids for i in range(5)]
+    prompts = [hf_smollm2_tokenizer(f"Log {i}. {BASE_PROMPT * 4}").input_ids for i in range(8)]
     assert len(prompts[0]) * 46_080 > 2 * MIN_MEASURED_BYTES  # fp32 KV: measured transfers
     dc = cluster.host("dc")
     dc.limit_inbound("100mbit")
+    served: list[str] = []
     try:
-        served = [generate(cluster.head_state["grpc"], ids, 2).decode_worker for ids in prompts]
+        for ids in prompts:  # until 3 prompts have followed dc's first
+            served.append(generate(cluster.head_state["grpc"], ids, 2).decode_worker)
+            if "decode-dc-0" in served[:-3]:
+                break
     finally:
         dc.unlimit_inbound()
     rates = _link_rates(httpx.get(cluster.head_state["metrics"], timeout=10).text)
     slow, fast = rates[("prefill-pf-0", "decode-dc-0")], rates[("prefill-pf-0", "decode-pf-0")]
     assert slow < 100e6 / 8 < fast, rates
-    # A link not measured yet is priced optimistically, so dc is tried within the first
-    # prompts (a transfer's report may reach the router just after the next prompt was
-    # routed); measured slow, it gets no long prompt again.
-    assert "decode-dc-0" in served[:3], served
+    # A link not measured yet is priced optimistically, so dc gets tried (how soon depends
+    # on what the module's earlier requests left measured and loaded); measured slow, it
+    # gets no long prompt again.
+    assert "decode-dc-0" in served[:-3], served
     tried = served.index("decode-dc-0")
-    assert served[tried + 1 :] == ["decode-pf-0"] * (len(served) - tried - 1), served
+    assert served[tried + 1 :] == ["decode-pf-0"] * 3, served
 
 
 def _link_rates(exposition: str) -> dict[tuple[str, str], float]:
