@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,56 +10,15 @@ from pdserve.engine.attention import get_backend, layout_chunks
 from pdserve.engine.attention.base import AttentionBackend, slot_mapping, token_positions
 from pdserve.engine.attention.cpu import CpuAttentionBackend
 from pdserve.engine.attention.cpu_plan import plan_native_decodes
+from tests.paged_cases import Case, Chunk, PoolShape, make_case
 
 NUM_LAYERS, BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM, NUM_BLOCKS = 3, 4, 2, 6, 8, 64
-
-
-@dataclass(frozen=True)
-class Chunk:
-    start_pos: int
-    num_tokens: int
-    block_table: tuple[int, ...]
-    row_parents: tuple[int, ...] = ()
-
-
-@dataclass
-class Case:
-    chunks: list[Chunk]
-    full_k: list[torch.Tensor]  # per chunk: [context_len, KVH, D]
-    full_v: list[torch.Tensor]
-    q: torch.Tensor  # [T, H, D]
-    pool: torch.Tensor
-
-
-def make_case(spans: list[tuple[int, int]], seed: int) -> Case:
-    """``spans`` = (start_pos, num_tokens) per chunk; block tables are random and disjoint."""
-    gen = torch.Generator().manual_seed(seed)
-    free_blocks = list(range(NUM_BLOCKS))
-    random.Random(seed).shuffle(free_blocks)
-    pool = torch.randn(NUM_BLOCKS, NUM_LAYERS, 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen)
-    chunks, full_k, full_v = [], [], []
-    for start, n in spans:
-        # One spare block at the end: tables may be longer than the context needs.
-        num_blocks = -(-(start + n) // BLOCK_SIZE) + 1
-        table = tuple(free_blocks.pop() for _ in range(num_blocks))
-        chunks.append(Chunk(start, n, table))
-        full_k.append(torch.randn(start + n, KV_HEADS, HEAD_DIM, generator=gen))
-        full_v.append(torch.randn(start + n, KV_HEADS, HEAD_DIM, generator=gen))
-    q = torch.randn(sum(n for _, n in spans), HEADS, HEAD_DIM, generator=gen)
-    return Case(chunks, full_k, full_v, q, pool)
-
-
-def write_cached_prefix(case: Case, layer: int) -> None:
-    for chunk, k, v in zip(case.chunks, case.full_k, case.full_v, strict=True):
-        for p in range(chunk.start_pos):
-            block, offset = chunk.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE
-            case.pool[block, layer, 0, offset] = k[p]
-            case.pool[block, layer, 1, offset] = v[p]
+SHAPE = PoolShape(NUM_BLOCKS, NUM_LAYERS, BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM)
 
 
 def dense_reference(case: Case) -> torch.Tensor:
     outs, token = [], 0
-    for chunk, k, v in zip(case.chunks, case.full_k, case.full_v, strict=True):
+    for chunk, k, v in zip(case.chunks, case.keys, case.values, strict=True):
         n, start = chunk.num_tokens, chunk.start_pos
         q = case.q[token : token + n].transpose(0, 1)  # [H, n, D]
         keys = k.transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, dim=0)  # [H, ctx, D]
@@ -78,8 +34,7 @@ def dense_reference(case: Case) -> torch.Tensor:
 def run_backend(backend: AttentionBackend, case: Case, layer: int) -> torch.Tensor:
     layout = layout_chunks(case.chunks, BLOCK_SIZE)
     meta = backend.build_metadata(layout, BLOCK_SIZE, NUM_LAYERS, torch.device("cpu"))
-    new_k = torch.cat([k[c.start_pos :] for c, k in zip(case.chunks, case.full_k, strict=True)])
-    new_v = torch.cat([v[c.start_pos :] for c, v in zip(case.chunks, case.full_v, strict=True)])
+    new_k, new_v = case.new_kv()
     return backend.forward(layer, case.q, new_k, new_v, case.pool, meta)
 
 
@@ -105,20 +60,10 @@ MIXED_BATCHES = {
 def test_matches_dense_reference(backend_name: str, batch: str) -> None:
     backend = BACKENDS[backend_name]()  # reused across cases: its scratch buffer too
     for seed in range(3):
-        case = make_case(MIXED_BATCHES[batch], seed)
-        write_cached_prefix(case, layer=1)
+        case = make_case(SHAPE, MIXED_BATCHES[batch], seed)
+        case.write_cached_prefix(layer=1)
         out = run_backend(backend, case, layer=1)
         torch.testing.assert_close(out, dense_reference(case), atol=1e-5, rtol=1e-5)
-
-
-def with_dtype(case: Case, dtype: torch.dtype) -> Case:
-    return Case(
-        case.chunks,
-        [k.to(dtype) for k in case.full_k],
-        [v.to(dtype) for v in case.full_v],
-        case.q.to(dtype),
-        case.pool.to(dtype),
-    )
 
 
 @pytest.mark.parametrize("backend_name", ["cpu-native", "cpu-grouped"])
@@ -127,26 +72,24 @@ def test_bf16_matches_dense_reference(backend_name: str, batch: str) -> None:
     # bf16 takes its own paths: the decode kernel's bf16 loads; for prefill chunks the
     # native prefill kernel's bf16 loads (torch's flash kernel on CPUs with AMX, and with
     # cpu-grouped).
-    case = with_dtype(make_case(MIXED_BATCHES[batch], seed=5), torch.bfloat16)
-    write_cached_prefix(case, layer=1)
+    case = make_case(SHAPE, MIXED_BATCHES[batch], seed=5).to(torch.bfloat16)
+    case.write_cached_prefix(layer=1)
     out = run_backend(BACKENDS[backend_name](), case, layer=1)
     assert out.dtype == torch.bfloat16
-    expected = dense_reference(with_dtype(case, torch.float32))  # the same rounded inputs
+    expected = dense_reference(case.to(torch.float32))  # the same rounded inputs
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("backend_name", sorted(BACKENDS))
 def test_new_kv_lands_in_its_slots_and_layer_only(backend_name: str) -> None:
-    case = make_case(MIXED_BATCHES["decodes_first"], seed=7)
+    case = make_case(SHAPE, MIXED_BATCHES["decodes_first"], seed=7)
     before = case.pool.clone()
     run_backend(BACKENDS[backend_name](), case, layer=2)
     touched = torch.zeros(NUM_BLOCKS, NUM_LAYERS, 2, BLOCK_SIZE, dtype=torch.bool)
-    for chunk, k, v in zip(case.chunks, case.full_k, case.full_v, strict=True):
-        for p in range(chunk.start_pos, chunk.start_pos + chunk.num_tokens):
-            block, offset = chunk.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE
-            torch.testing.assert_close(case.pool[block, 2, 0, offset], k[p], rtol=0, atol=0)
-            torch.testing.assert_close(case.pool[block, 2, 1, offset], v[p], rtol=0, atol=0)
-            touched[block, 2, :, offset] = True
+    for block, offset, k, v in case.rows(cached=False):
+        torch.testing.assert_close(case.pool[block, 2, 0, offset], k, rtol=0, atol=0)
+        torch.testing.assert_close(case.pool[block, 2, 1, offset], v, rtol=0, atol=0)
+        touched[block, 2, :, offset] = True
     assert torch.equal(case.pool[~touched], before[~touched])
 
 
@@ -190,7 +133,7 @@ TREES = {
 def tree_reference(case: Case, parents_of: dict[int, tuple[int, ...]]) -> torch.Tensor:
     """Row r of a tree chunk sees the prefix, then chunk rows that are r or its ancestors."""
     outs, token = [], 0
-    for i, (chunk, k, v) in enumerate(zip(case.chunks, case.full_k, case.full_v, strict=True)):
+    for i, (chunk, k, v) in enumerate(zip(case.chunks, case.keys, case.values, strict=True)):
         n, start = chunk.num_tokens, chunk.start_pos
         q = case.q[token : token + n].transpose(0, 1)  # [H, n, D]
         keys = k.transpose(0, 1).repeat_interleave(HEADS // KV_HEADS, dim=0)  # [H, ctx, D]
@@ -219,16 +162,16 @@ def test_tree_chunks_attend_by_ancestry(tree: str, backend_name: str, dtype: tor
     and its ancestors only (the native kernel by ancestor bits, torch by an explicit mask)."""
     parents = TREES[tree]
     spans = [(9, 1), (21, len(parents)), (0, 5), (6, len(parents))]
-    case = make_case(spans, seed=len(parents))
+    case = make_case(SHAPE, spans, seed=len(parents))
     trees = {1: parents, 3: parents}
     case.chunks = [
         Chunk(c.start_pos, c.num_tokens, c.block_table, trees.get(i, ()))
         for i, c in enumerate(case.chunks)
     ]
-    case = with_dtype(case, dtype)
-    write_cached_prefix(case, layer=1)
+    case = case.to(dtype)
+    case.write_cached_prefix(layer=1)
     out = run_backend(BACKENDS[backend_name](), case, layer=1)
-    expected = tree_reference(with_dtype(case, torch.float32), trees)
+    expected = tree_reference(case.to(torch.float32), trees)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out.float(), expected, atol=tolerance, rtol=tolerance)
 

@@ -17,18 +17,16 @@ from pdserve.engine.attention.cuda import FlashAttnBackend
 from pdserve.engine.attention.native import PagedDecodeKernel, load_paged_decode
 from pdserve.engine.attention.paged_prefill import PagedPrefillKernel, load_paged_prefill
 from pdserve.kv_codec import dequantize_rows, quantize_rows
+from tests.paged_cases import Case, Chunk, make_case
 from tests.unit.test_attention import (
     BACKENDS,
     BLOCK_SIZE,
     MIXED_BATCHES,
+    SHAPE,
     TREES,
-    Case,
-    Chunk,
     dense_reference,
-    make_case,
     run_backend,
     tree_reference,
-    with_dtype,
 )
 
 LAYERS, KV_HEADS = 3, 3
@@ -92,18 +90,16 @@ def test_native_store_writes_what_quantize_rows_writes(
 def on_int8_pool(case: Case, dtype: torch.dtype) -> tuple[Case, Case]:
     """``case`` in ``dtype`` with an int8 pool holding each chunk's cached prefix; and the
     case the reference attends: its K/V as that pool gives them back, in fp32."""
-    case = with_dtype(case, dtype)
+    case = case.to(dtype)
     pool = quantize_rows(case.pool)  # [blocks, L, 2, bs, KVH, D + 2]
-    for chunk, k, v in zip(case.chunks, case.full_k, case.full_v, strict=True):
-        for p in range(chunk.start_pos):
-            block, offset = chunk.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE
-            pool[block, 1, 0, offset] = quantize_rows(k[p])
-            pool[block, 1, 1, offset] = quantize_rows(v[p])
-    ours = Case(case.chunks, case.full_k, case.full_v, case.q, pool)
+    for block, offset, k, v in case.rows(cached=True):
+        pool[block, 1, 0, offset] = quantize_rows(k)
+        pool[block, 1, 1, offset] = quantize_rows(v)
+    ours = Case(case.chunks, case.keys, case.values, case.q, pool)
     reference = Case(
         case.chunks,
-        [stored(k) for k in case.full_k],
-        [stored(v) for v in case.full_v],
+        [stored(k) for k in case.keys],
+        [stored(v) for v in case.values],
         case.q.float(),
         pool,
     )
@@ -116,7 +112,7 @@ def on_int8_pool(case: Case, dtype: torch.dtype) -> tuple[Case, Case]:
 def test_backends_attend_the_int8_rows(backend_name: str, batch: str, dtype: torch.dtype) -> None:
     """Decodes and prefill chunks, fresh and after a cached prefix: the native kernels
     (decode, prefill) and torch's paths (gather, dequantize, SDPA) over one int8 pool."""
-    ours, reference = on_int8_pool(make_case(MIXED_BATCHES[batch], seed=3), dtype)
+    ours, reference = on_int8_pool(make_case(SHAPE, MIXED_BATCHES[batch], seed=3), dtype)
     out = run_backend(BACKENDS[backend_name](), ours, layer=1)
     assert out.dtype == dtype
     tolerance = TOLERANCE[dtype]
@@ -131,7 +127,7 @@ def test_tree_chunks_attend_the_int8_rows(tree: str, backend_name: str, dtype: t
     rows by ancestry (the native prefill kernel), chain rows as decodes (the native decode
     kernel), and torch's masked SDPA."""
     parents = TREES[tree]
-    case = make_case([(9, 1), (21, len(parents)), (0, 5), (6, len(parents))], seed=2)
+    case = make_case(SHAPE, [(9, 1), (21, len(parents)), (0, 5), (6, len(parents))], seed=2)
     trees = {1: parents, 3: parents}
     case.chunks = [
         Chunk(c.start_pos, c.num_tokens, c.block_table, trees.get(i, ()))
@@ -239,7 +235,7 @@ def test_the_flash_attn_backend_refuses_an_int8_pool() -> None:
     """Written for CUDA, never run here: it has no int8 path, and says so rather than
     reading int8 rows as values. Its metadata builds on CPU; the refusal comes first."""
     backend = FlashAttnBackend(lambda *args, **kwargs: None)
-    ours, _ = on_int8_pool(make_case([(3, 1)], seed=1), torch.float32)
+    ours, _ = on_int8_pool(make_case(SHAPE, [(3, 1)], seed=1), torch.float32)
     layout = layout_chunks(ours.chunks, BLOCK_SIZE)
     meta = backend.build_metadata(layout, BLOCK_SIZE, 3, torch.device("cpu"))
     k = v = torch.zeros(1, 2, 8)

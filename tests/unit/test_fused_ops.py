@@ -14,6 +14,7 @@ import pdserve.engine.native_build as native_build
 from pdserve.engine.model.fused_ops import FusedOps, fused_ops
 from pdserve.engine.model.llama import RMSNorm
 from pdserve.engine.model.rope import apply_rope_torch
+from tests.fused_op_inputs import rms_norm_inputs, rope_inputs
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 9, 3, 64, 576
 DTYPES = [torch.float32, torch.bfloat16]
@@ -32,11 +33,7 @@ def ops() -> FusedOps:
 def test_rope_is_bit_identical_to_torch_on_rows_of_the_fused_qkv(
     ops: FusedOps, dtype: torch.dtype, tokens: int
 ) -> None:
-    gen = torch.Generator().manual_seed(tokens)
-    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=gen).to(dtype)
-    qk = qkv[:, : (HEADS + KV_HEADS) * HEAD_DIM].view(tokens, HEADS + KV_HEADS, HEAD_DIM)
-    angles = torch.rand(tokens, 1, HEAD_DIM // 2, generator=gen) * 100
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    qk, cos, sin = rope_inputs(tokens, dtype, HEADS, KV_HEADS, HEAD_DIM)
     got = ops.rope(qk, cos, sin)
     assert got is not None and got.is_contiguous()
     assert torch.equal(got, apply_rope_torch(qk, cos, sin))
@@ -45,12 +42,7 @@ def test_rope_is_bit_identical_to_torch_on_rows_of_the_fused_qkv(
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 7, 300])
 def test_rms_norm_matches_torch(ops: FusedOps, dtype: torch.dtype, tokens: int) -> None:
-    gen = torch.Generator().manual_seed(tokens)
-    norm = RMSNorm(HIDDEN, eps=1e-5)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(HIDDEN, generator=gen) + 0.5)
-    norm = norm.to(dtype)
-    x = (torch.randn(tokens, HIDDEN, generator=gen) * 3).to(dtype)
+    norm, x = rms_norm_inputs(tokens, HIDDEN, dtype)
     got = ops.rms_norm(x, norm.weight, norm.eps)
     assert got is not None
     expected = norm.torch_forward(x)

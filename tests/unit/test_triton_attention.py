@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -35,10 +33,13 @@ from pdserve.engine.model.llama import LlamaModel
 from pdserve.engine.runner import allocate_kv_cache
 from pdserve.engine.scheduler import ScheduledChunk
 from pdserve.kv_codec import quantize_rows
+from tests import paged_cases
+from tests.paged_cases import Case, PoolShape
 from tests.triton_interpreter import MODES, kernels_for
 from tests.unit.test_packed_linear import TINY, tiny_model
 
 NUM_LAYERS, LAYER, BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM, NUM_BLOCKS = 2, 1, 4, 2, 4, 16, 40
+SHAPE = PoolShape(NUM_BLOCKS, NUM_LAYERS, BLOCK_SIZE, KV_HEADS, HEADS, HEAD_DIM)
 # Tolerances per dtype: the reference sees the same rounded inputs; the kernel rounds the
 # softmax weights to the dtype for the P.V product (as FlashAttention does) and its output.
 TOLERANCES = {
@@ -48,52 +49,14 @@ TOLERANCES = {
 }
 
 
-@dataclass(frozen=True)
-class Chunk:
-    start_pos: int
-    num_tokens: int
-    block_table: tuple[int, ...]
-    row_parents: tuple[int, ...] = ()
-
-
-@dataclass
-class Case:
-    chunks: list[Chunk]
-    keys: list[torch.Tensor]  # per chunk: [context_len, KVH, D], the true K
-    values: list[torch.Tensor]
-    q: torch.Tensor  # [T, H, D]
-    pool: torch.Tensor  # [NUM_BLOCKS, L, 2, BLOCK_SIZE, KVH, D], prefixes written
-
-    def new_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's own K and V, ``[T, KVH, D]`` each, in flat-batch order."""
-        ks = [k[c.start_pos :] for c, k in zip(self.chunks, self.keys, strict=True)]
-        vs = [v[c.start_pos :] for c, v in zip(self.chunks, self.values, strict=True)]
-        return torch.cat(ks), torch.cat(vs)
-
-
 def make_case(
     spans: list[tuple[int, int]], dtype: torch.dtype, seed: int, parents: tuple[int, ...] = ()
 ) -> Case:
-    """``spans`` = (start_pos, num_tokens) per chunk, random disjoint block tables (one spare
-    block each); ``parents`` makes the LAST chunk a token tree. The pool starts as noise, and
-    each chunk's cached prefix is written into it."""
-    gen = torch.Generator().manual_seed(seed)
-    free = list(range(NUM_BLOCKS))
-    random.Random(seed).shuffle(free)
-    shape = (NUM_BLOCKS, NUM_LAYERS, 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
-    pool = torch.randn(shape, generator=gen).to(dtype)
-    chunks, keys, values = [], [], []
-    for i, (start, n) in enumerate(spans):
-        table = tuple(free.pop() for _ in range(-(-(start + n) // BLOCK_SIZE) + 1))
-        tree = parents if i == len(spans) - 1 else ()
-        chunks.append(Chunk(start, n, table, tree))
-        k, v = (torch.randn(start + n, KV_HEADS, HEAD_DIM, generator=gen).to(dtype) for _ in "kv")
-        for p in range(start):
-            pool[table[p // BLOCK_SIZE], LAYER, :, p % BLOCK_SIZE] = torch.stack((k[p], v[p]))
-        keys.append(k)
-        values.append(v)
-    q = torch.randn(sum(n for _, n in spans), HEADS, HEAD_DIM, generator=gen).to(dtype)
-    return Case(chunks, keys, values, q, pool)
+    """A step of ``spans`` (``tests/paged_cases.py``) with each chunk's cached prefix written
+    into the pool's layer ``LAYER``."""
+    case = paged_cases.make_case(SHAPE, spans, seed, dtype, parents)
+    case.write_cached_prefix(LAYER)
+    return case
 
 
 def reference(case: Case) -> torch.Tensor:
@@ -210,10 +173,8 @@ def test_store_writes_each_token_to_its_slot_and_nothing_else(
         pool, LAYER, meta.slot_mapping, fused[:, :KV_HEADS], fused[:, KV_HEADS:]
     )
     expected = before.clone()
-    for chunk, ck, cv in zip(case.chunks, case.keys, case.values, strict=True):
-        for p in range(chunk.start_pos, chunk.start_pos + chunk.num_tokens):
-            block, offset = chunk.block_table[p // BLOCK_SIZE], p % BLOCK_SIZE
-            expected[block, LAYER, :, offset] = torch.stack((ck[p], cv[p]))
+    for block, offset, ck, cv in case.rows(cached=False):
+        expected[block, LAYER, :, offset] = torch.stack((ck, cv))
     assert torch.equal(pool.cpu(), expected)
 
 

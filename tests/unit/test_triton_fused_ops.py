@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from pdserve.engine.model.fused_ops import cuda_fused_ops, fused_ops
-from pdserve.engine.model.llama import RMSNorm
 from pdserve.engine.model.rope import apply_rope_torch
+from tests.fused_op_inputs import rms_norm_inputs, rope_inputs
 from tests.triton_interpreter import MODES, interpreted_kernels, kernels_for
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 3, 1, 16, 48  # 48: not a power of two, the tile is masked
@@ -53,11 +53,7 @@ def ops(request: pytest.FixtureRequest) -> Iterator[Ops]:
 def test_rope_is_bit_identical_to_torch_on_rows_of_the_fused_qkv(
     ops: Ops, dtype: torch.dtype, tokens: int
 ) -> None:
-    gen = torch.Generator().manual_seed(tokens)
-    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=gen).to(dtype)
-    qk = qkv[:, : (HEADS + KV_HEADS) * HEAD_DIM].view(tokens, HEADS + KV_HEADS, HEAD_DIM)
-    angles = torch.rand(tokens, 1, HEAD_DIM // 2, generator=gen) * 100
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    qk, cos, sin = rope_inputs(tokens, dtype, HEADS, KV_HEADS, HEAD_DIM)
     got = ops.module.rope(qk.to(ops.device), cos.to(ops.device), sin.to(ops.device))
     assert got.is_contiguous()
     got, expected = got.cpu(), apply_rope_torch(qk, cos, sin)
@@ -72,13 +68,7 @@ def test_rope_is_bit_identical_to_torch_on_rows_of_the_fused_qkv(
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("tokens", [1, 7])
 def test_rms_norm_matches_torch(ops: Ops, dtype: torch.dtype, tokens: int) -> None:
-    gen = torch.Generator().manual_seed(tokens)
-    norm = RMSNorm(HIDDEN, eps=1e-5)
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(HIDDEN, generator=gen) + 0.5)
-    norm = norm.to(dtype)
-    wide = (torch.randn(tokens, 2 * HIDDEN, generator=gen) * 3).to(dtype)
-    x = wide[:, :HIDDEN]  # strided rows, as a slice of a wider activation
+    norm, x = rms_norm_inputs(tokens, HIDDEN, dtype, row_width=2 * HIDDEN)  # strided rows
     got = ops.module.rms_norm(x.to(ops.device), norm.weight.to(ops.device), norm.eps).cpu()
     expected = norm.torch_forward(x)
     if dtype == torch.float32:  # squares summed in another order: the last bits may differ
