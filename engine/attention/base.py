@@ -74,7 +74,10 @@ class AttentionMetadata:
 
 
 class AttentionBackend(Protocol):
-    """Paged attention over the block-major KV pool."""
+    """Paged attention over the block-major KV pool.
+
+    Backends subclass it explicitly, so that they inherit the defaults below.
+    """
 
     name: str
 
@@ -101,8 +104,9 @@ class AttentionBackend(Protocol):
     ) -> BoundDecode | None:
         """For a step of decode tokens only, on a backend whose C kernel stores and attends:
         its calls on addresses (``engine/model/native_step.py`` runs the layers on them, in
-        ``dtype``); else None (the model's modules call :meth:`forward`)."""
-        ...
+        ``dtype``); else None (the model's modules call :meth:`forward`). By default None:
+        a backend without such a kernel."""
+        return None
 
 
 @dataclass(slots=True, frozen=True)

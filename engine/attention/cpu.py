@@ -44,7 +44,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pdserve.engine.attention.base import AttentionMetadata, StepLayout, step_metadata, write_kv
+from pdserve.engine.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    StepLayout,
+    step_metadata,
+    write_kv,
+)
 from pdserve.engine.attention.cpu_plan import (
     DecodeGroup,
     DecodePlan,
@@ -69,7 +75,7 @@ class _CpuStepData:
     prefills: tuple[PrefillPlan, ...]
 
 
-class CpuAttentionBackend:
+class CpuAttentionBackend(AttentionBackend):
     """Paged attention on CPU; see the module docstring for the decode strategies.
 
     ``native`` raises ValueError when its kernel cannot be built (the registry's ``cpu``

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from pdserve.engine.attention.base import (
+    AttentionBackend,
     AttentionMetadata,
     StepLayout,
     step_metadata,
@@ -57,7 +58,7 @@ class _TreeChunk:
     mask: torch.Tensor  # [n, n] bool
 
 
-class FlashAttnBackend:
+class FlashAttnBackend(AttentionBackend):
     """flash-attn varlen attention over the paged pool (see the module docstring)."""
 
     def __init__(self, varlen_func: Callable[..., torch.Tensor]) -> None:
@@ -77,11 +78,6 @@ class FlashAttnBackend:
             trees=_tree_chunks(layout, block_size, num_layers, device),
         )
         return step_metadata(layout, block_size, num_layers, device, self, data)
-
-    def bind_native_decode(
-        self, attn: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype, num_heads: int
-    ) -> None:
-        return None  # no C kernel here: the model's modules call forward
 
     def forward(
         self,

@@ -69,7 +69,7 @@ class _DecodeTensors:
     context_lens: torch.Tensor  # [B] int64
 
 
-class TensorDecodeBackend:
+class TensorDecodeBackend(AttentionBackend):
     """A test backend whose decode steps read every per-step value from tensors shaped by
     the batch and the table width only (what a graph needs); other steps go to the CPU
     backend. Plain masked attention over whole block tables: slow, obviously right."""
@@ -116,9 +116,6 @@ class TensorDecodeBackend:
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
         out = torch.einsum("bhs,bshd->bhd", scores.softmax(dim=-1), values)
         return out.reshape(rows, heads * head_dim)
-
-    def bind_native_decode(self, *args: object) -> None:
-        return None
 
 
 @pytest.fixture(scope="module")

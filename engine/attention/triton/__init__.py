@@ -8,7 +8,7 @@ fp32 accumulation) reading the KV pool in place through the block tables.
 * ``decode.py``: one query token per sequence, split along the context (split-K), the
   splits merged by log-sum-exp in a second kernel;
 * ``tiles.py``: the inner loop both attention kernels share (and an int8 pool's
-  dequantization);
+  dequantization), and the arguments their launches share;
 * ``plan.py``: the per-step index tensors, built once per step on the host;
 * ``config.py``: the tile sizes (:class:`TritonTiles`);
 * ``backend.py``: the :class:`AttentionBackend` over them.

@@ -10,11 +10,10 @@ a ValueError.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from pdserve.engine.attention.base import (
+    AttentionBackend,
     AttentionMetadata,
     StepLayout,
     step_metadata,
@@ -26,11 +25,8 @@ from pdserve.engine.attention.triton.plan import TritonStepPlan, plan_step
 from pdserve.engine.attention.triton.prefill import attend_prefills
 from pdserve.engine.attention.triton.store import store_kv
 
-if TYPE_CHECKING:
-    from pdserve.engine.attention.native import BoundDecode
 
-
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend):
     """Paged attention in Triton kernels (see the package docstring)."""
 
     name = "cuda-triton"
@@ -43,11 +39,6 @@ class TritonAttentionBackend:
     ) -> AttentionMetadata:
         plan = plan_step(layout, device, self.tiles)
         return step_metadata(layout, block_size, num_layers, device, self, plan)
-
-    def bind_native_decode(
-        self, attn: AttentionMetadata, kv_cache: torch.Tensor, dtype: torch.dtype, num_heads: int
-    ) -> BoundDecode | None:
-        return None  # no C kernel here: the model's modules call forward
 
     def forward(
         self,

@@ -24,8 +24,8 @@ from pdserve.engine.attention.triton.plan import TritonStepPlan
 from pdserve.engine.attention.triton.tiles import (
     MASK_NONE,
     attend_keys,
-    dot_options,
-    softmax_scale_log2,
+    attention_launch,
+    dot_block,
 )
 
 
@@ -40,10 +40,10 @@ def _decode_split_kernel(
     query_start_ptr,
     context_len_ptr,
     decode_chunks_ptr,
-    layer_idx,
-    scale_log2,
     num_splits,
     split_keys,
+    layer_idx,  # from here to pool_head_stride: tiles.attention_launch's args
+    scale_log2,
     q_token_stride,
     q_head_stride,
     out_token_stride,
@@ -151,7 +151,7 @@ def attend_decodes(
         pieces = num_seqs * num_heads * splits.num_splits
         partial_out = torch.empty(pieces, head_dim, dtype=torch.float32, device=q.device)
         partial_lse = torch.empty(pieces, dtype=torch.float32, device=q.device)
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    launch = attention_launch(q, kv_cache, layer_idx, out, plan.block_tables, tiles)
     _decode_split_kernel[(num_seqs, kv_heads, splits.num_splits)](
         q,
         out,
@@ -162,25 +162,14 @@ def attend_decodes(
         plan.query_start,
         plan.context_lens,
         plan.decode_chunks,
-        layer_idx,
-        softmax_scale_log2(head_dim),
         splits.num_splits,
         splits.split_keys,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        plan.block_tables.stride(0),
-        *kv_cache.stride()[:5],
+        *launch.args,
         NUM_HEADS=num_heads,
         SPLIT=splits.num_splits > 1,
-        BLOCK_SIZE=kv_cache.shape[3],
         GROUP=num_heads // kv_heads,
-        BLOCK_GROUP=max(16, triton.next_power_of_2(num_heads // kv_heads)),
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
-        BLOCK_KEYS=tiles.key_tile(q.dtype),
-        **dot_options(q.dtype, kv_cache),
-        num_warps=tiles.num_warps,
+        BLOCK_GROUP=dot_block(num_heads // kv_heads),
+        **launch.constants,
     )
     if splits.num_splits == 1:
         return
@@ -195,5 +184,5 @@ def attend_decodes(
         NUM_HEADS=num_heads,
         BLOCK_SPLITS=triton.next_power_of_2(splits.num_splits),
         HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
+        BLOCK_D=dot_block(head_dim),
     )

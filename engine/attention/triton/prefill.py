@@ -24,8 +24,8 @@ from pdserve.engine.attention.triton.tiles import (
     MASK_CAUSAL,
     MASK_TREE,
     attend_keys,
-    dot_options,
-    softmax_scale_log2,
+    attention_launch,
+    dot_block,
 )
 
 
@@ -41,7 +41,7 @@ def _prefill_kernel(
     is_tree_ptr,
     ancestors_ptr,
     prefill_chunks_ptr,
-    layer_idx,
+    layer_idx,  # from here to pool_head_stride: tiles.attention_launch's args
     scale_log2,
     q_token_stride,
     q_head_stride,
@@ -121,12 +121,12 @@ def attend_prefills(
     tiles: TritonTiles,
 ) -> None:
     """Attention of every multi-token chunk of the step (see the module docstring)."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = kv_cache.shape[4]
+    num_heads, kv_heads = q.shape[1], kv_cache.shape[4]
     group = num_heads // kv_heads
     tile_tokens = max(1, tiles.query_rows // group)
     grid = (plan.num_prefills, triton.cdiv(plan.max_prefill_tokens, tile_tokens), kv_heads)
     ancestors = plan.tree_ancestors
+    launch = attention_launch(q, kv_cache, layer_idx, out, plan.block_tables, tiles)
     _prefill_kernel[grid](
         q,
         out,
@@ -138,21 +138,10 @@ def attend_prefills(
         plan.chunk_is_tree,
         plan.query_start if ancestors is None else ancestors,  # unread without trees
         plan.prefill_chunks,
-        layer_idx,
-        softmax_scale_log2(head_dim),
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        plan.block_tables.stride(0),
-        *kv_cache.stride()[:5],
-        BLOCK_SIZE=kv_cache.shape[3],
+        *launch.args,
         GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         TILE_TOKENS=tile_tokens,
-        BLOCK_ROWS=max(16, triton.next_power_of_2(tile_tokens * group)),
-        BLOCK_KEYS=tiles.key_tile(q.dtype),
+        BLOCK_ROWS=dot_block(tile_tokens * group),
         HAS_TREES=ancestors is not None,
-        **dot_options(q.dtype, kv_cache),
-        num_warps=tiles.num_warps,
+        **launch.constants,
     )

@@ -1,5 +1,6 @@
 """The inner loop both attention kernels share: one tile of query rows against a range of
-key positions read in place from the paged pool, with an online (streaming) softmax.
+key positions read in place from the paged pool, with an online (streaming) softmax; and
+what their launchers pass alike (:func:`attention_launch`).
 
 Scores are kept in log2 units (``q . k * scale * log2(e)``) so each step takes ``exp2``;
 ``row_max`` and ``row_sum`` carry the softmax across key tiles and ``acc`` the unnormalised
@@ -16,9 +17,13 @@ are read, as the torch paths dequantize what they gather.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
+
+from pdserve.engine.attention.triton.config import TritonTiles
 
 # Whether this module's kernels were decorated for Triton's interpreter (read at import, as
 # ``@triton.jit`` read it).
@@ -108,6 +113,54 @@ def row_scales(row_ptrs, ok, HEAD_DIM: tl.constexpr):
     high = tl.load(row_ptrs + HEAD_DIM + 1, mask=ok, other=0).to(tl.uint8, bitcast=True)
     bits = (high.to(tl.uint32) << 24) | (low.to(tl.uint32) << 16)
     return bits.to(tl.float32, bitcast=True)
+
+
+class AttentionLaunch(NamedTuple):
+    """What the decode and prefill launchers pass alike (:func:`attention_launch`)."""
+
+    # The run of runtime arguments both kernels end with: layer_idx, scale_log2,
+    # q_token_stride, q_head_stride, out_token_stride, table_stride, then the pool's strides
+    # of block, layer, K|V, slot and kv head.
+    args: tuple[object, ...]
+    # BLOCK_SIZE, HEAD_DIM, BLOCK_D, BLOCK_KEYS, the dot options and num_warps.
+    constants: dict[str, object]
+
+
+def attention_launch(
+    q: torch.Tensor,  # [T, H, D]
+    kv_cache: torch.Tensor,  # [num_blocks, L, 2, block_size, KVH, row]
+    layer_idx: int,
+    out: torch.Tensor,  # [T, H * D]
+    block_tables: torch.Tensor,  # [num_chunks, max_blocks]
+    tiles: TritonTiles,
+) -> AttentionLaunch:
+    """The strides, scale and constants of one attention kernel launch over ``kv_cache``'s
+    layer ``layer_idx`` (the kernels read the pool, the queries and the output in place)."""
+    head_dim = q.shape[2]
+    args = (
+        layer_idx,
+        softmax_scale_log2(head_dim),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        block_tables.stride(0),
+        *kv_cache.stride()[:5],
+    )
+    constants = {
+        "BLOCK_SIZE": kv_cache.shape[3],
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": dot_block(head_dim),
+        "BLOCK_KEYS": tiles.key_tile(q.dtype),
+        **dot_options(q.dtype, kv_cache),
+        "num_warps": tiles.num_warps,
+    }
+    return AttentionLaunch(args, constants)
+
+
+def dot_block(n: int) -> int:
+    """A tile side for ``n`` rows or values: the next power of two, at least 16 (``tl.dot``'s
+    minimum)."""
+    return max(16, triton.next_power_of_2(n))
 
 
 def dot_options(dtype: torch.dtype, pool: torch.Tensor) -> dict[str, object]:
