@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pdserve.router.config import RouterConfig
 from pdserve.router.observe.goodput import (
@@ -118,7 +118,7 @@ class RouterObservability:
     def goodput(self) -> Sequence[GoodputFigures]:
         return self.goodput_window.figures(self.clock())
 
-    def link_rates(self) -> dict[WorkerPair, float]:
+    def link_rates(self) -> Mapping[WorkerPair, float]:
         return self._link_rates.rates(time.monotonic())  # the table's clock, not self.clock
 
     # -- serving ---------------------------------------------------------------------------

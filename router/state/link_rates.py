@@ -17,12 +17,20 @@ reports here and routing reads the table back (``rates``).
   rate: a slow link once seen must not keep its pair out of use for ever, since nothing
   would be sent over it to learn that it recovered.
 
+Routing reads the table on every request, far more often than transfers are reported, so a
+read costs no walk over the pairs: the table keeps the snapshot it last handed out, and a
+lower bound on when its oldest pair was measured; only once ``max_age_s`` has passed since
+that bound does a read look for stale pairs (and raise the bound).
+
 No clock of its own: callers pass ``now_s`` (``time.monotonic()``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 MIN_MEASURED_BYTES = 4 * 1024 * 1024
 
@@ -52,6 +60,10 @@ class LinkRates:
         self.min_bytes = min_bytes
         self.max_age_s = max_age_s
         self._pairs: dict[WorkerPair, _PairRate] = {}
+        # No pair was last measured before this: none is stale while now_s - oldest_s <=
+        # max_age_s.
+        self._oldest_s = math.inf
+        self._snapshot: Mapping[WorkerPair, float] | None = None  # None: rebuild on read
 
     def observe(
         self, sender: str, receiver: str, bytes_moved: int, seconds: float, now_s: float
@@ -60,6 +72,8 @@ class LinkRates:
         if bytes_moved < self.min_bytes or seconds <= 0:
             return
         sample = bytes_moved / seconds
+        self._snapshot = None
+        self._oldest_s = min(self._oldest_s, now_s)
         pair = self._pairs.get((sender, receiver))
         if pair is None or now_s - pair.measured_s > self.max_age_s:
             self._pairs[(sender, receiver)] = _PairRate(sample, now_s)
@@ -67,9 +81,20 @@ class LinkRates:
         pair.bytes_per_s += self.weight * (sample - pair.bytes_per_s)
         pair.measured_s = now_s
 
-    def rates(self, now_s: float) -> dict[WorkerPair, float]:
-        """Bytes/s of every pair measured within ``max_age_s``; older pairs are forgotten."""
+    def rates(self, now_s: float) -> Mapping[WorkerPair, float]:
+        """Bytes/s of every pair measured within ``max_age_s``; older pairs are forgotten.
+        A read-only view, the same object until the table changes."""
+        if now_s - self._oldest_s > self.max_age_s:
+            self._forget_stale(now_s)
+        if self._snapshot is None:
+            rates = {key: p.bytes_per_s for key, p in self._pairs.items()}
+            self._snapshot = MappingProxyType(rates)
+        return self._snapshot
+
+    def _forget_stale(self, now_s: float) -> None:
         stale = [key for key, p in self._pairs.items() if now_s - p.measured_s > self.max_age_s]
         for key in stale:
             del self._pairs[key]
-        return {key: p.bytes_per_s for key, p in self._pairs.items()}
+        if stale:
+            self._snapshot = None
+        self._oldest_s = min((p.measured_s for p in self._pairs.values()), default=math.inf)
