@@ -228,27 +228,39 @@ def _build_results(
     processed: torch.Tensor, token_ids: torch.Tensor, requests: Sequence[SampleRequest]
 ) -> list[SampleResult]:
     """Results from the processed logits ``[rows, vocab]`` and the chosen ``token_ids``
-    ``[rows]``, read back to the host in one transfer: on a GPU each read is a sync."""
-    wanted = [r.params.logprobs for r in requests if r.params.logprobs is not None]
-    if not wanted:
+    ``[rows]``, read back to the host in one transfer: on a GPU each read is a sync.
+
+    Logprobs are computed for the rows that ask for them only: a log-softmax and a top-k
+    over the vocabulary for every row of the batch cost a decode step on a CPU several
+    percent when one row asks.
+    """
+    asking = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+    if not asking:
         return [SampleResult(t, None, ()) for t in token_ids.tolist()]
+    k = max(requests[i].params.logprobs or 0 for i in asking)
+    asked = _logprob_rows(processed, token_ids, asking, k)  # [asking, 1 + 2k]
+    # One float64 vector carries all of it: token ids (< 2**53) and fp32 logprobs are exact.
+    host = torch.cat((token_ids.double(), asked.flatten())).tolist()
+    num_rows, width = len(requests), 1 + 2 * k
+    results = [SampleResult(int(t), None, ()) for t in host[:num_rows]]
+    for n, row in enumerate(asking):
+        values = host[num_rows + n * width : num_rows + (n + 1) * width]
+        wanted = requests[row].params.logprobs or 0
+        pairs = zip(values[1 : 1 + wanted], values[1 + k : 1 + k + wanted], strict=True)
+        top = tuple((int(i), v) for i, v in pairs if v != -math.inf)
+        results[row] = SampleResult(results[row].token_id, values[0], top)
+    return results
+
+
+def _logprob_rows(
+    processed: torch.Tensor, token_ids: torch.Tensor, rows: list[int], k: int
+) -> torch.Tensor:
+    """Per row of ``rows``: the chosen token's logprob, then the ``k`` most likely tokens'
+    ids and logprobs, float64 ``[len(rows), 1 + 2k]``."""
+    if len(rows) < processed.shape[0]:
+        index = torch.tensor(rows, dtype=torch.long, device=processed.device)
+        processed, token_ids = processed[index], token_ids[index]
     logprobs = processed.log_softmax(dim=-1)  # [rows, vocab]
     chosen = logprobs.gather(1, token_ids[:, None])  # [rows, 1]
-    top_values, top_ids = logprobs.topk(max(wanted), dim=-1)  # [rows, k] each
-    # One float64 matrix carries all of it: token ids (< 2**53) and fp32 logprobs are exact.
-    host = torch.cat(
-        (token_ids[:, None].double(), chosen.double(), top_ids.double(), top_values.double()),
-        dim=1,
-    ).tolist()  # [rows, 2 + 2k]
-    k = top_ids.shape[1]
-    results = []
-    for row, req in zip(host, requests, strict=True):
-        token_id = int(row[0])
-        n = req.params.logprobs
-        if n is None:
-            results.append(SampleResult(token_id, None, ()))
-            continue
-        pairs = zip(row[2 : 2 + n], row[2 + k : 2 + k + n], strict=True)
-        top = tuple((int(i), v) for i, v in pairs if v != -math.inf)
-        results.append(SampleResult(token_id, row[1], top))
-    return results
+    top_values, top_ids = logprobs.topk(k, dim=-1)  # [rows, k] each
+    return torch.cat((chosen.double(), top_ids.double(), top_values.double()), dim=1)
