@@ -2,9 +2,11 @@
 
 A fault waits for its moment (asking the workers' ``GetStats`` every few milliseconds: a
 decode worker streaming, a prefill worker with a KV transfer open), strikes, and returns
-when it has done its part (a frozen worker is resumed after ``FREEZE_S``); the cluster
-recovers by itself. Faults on links need a worker host with its own network: they run only
-on the multi-host cluster and are reported as not run here.
+when it has done its part (a frozen worker is resumed after ``FREEZE_S``, a link restored
+after its spell); the cluster recovers by itself. Faults on links (``needs_hosts``) strike
+the worker host of a streaming decode worker, on the cluster of hosts with their own
+network (``cluster.on_hosts``): its link cut (``ip link set down``), or slowed by a token
+bucket and made lossy by ``iptables`` rules that drop a random share of its packets.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ from dataclasses import dataclass
 from pdserve.bench.chaos.cluster import ChaosCluster, pid_of, worker_stats
 from pdserve.bench.chaos.load import SteadyLoad
 from pdserve.proto import worker_pb2, worker_pb2_grpc
-from pdserve.proto.workers import WorkerRole
+from pdserve.proto.workers import WorkerInfo, WorkerRole
 
 FREEZE_S = 10.0
 BURST_FACTOR = 10.0
 BURST_S = 20.0
+LINK_CUT_S = 10.0
+SLOW_LINK_S = 30.0
+SLOW_LINK_RATE = "100mbit"
+SLOW_LINK_DROP_SHARE = 0.05
+LINK_COMMANDS = ("ip", "tc", "iptables")  # what the faults on links run
 MOMENT_TIMEOUT_S = 60.0
 
 Strike = Callable[[ChaosCluster, SteadyLoad], Awaitable[str]]
@@ -33,13 +40,14 @@ Strike = Callable[[ChaosCluster, SteadyLoad], Awaitable[str]]
 class Fault:
     name: str
     what: str
-    strike: Strike | None  # None: needs hosts with their own network
+    strike: Strike
+    needs_hosts: bool = False  # strikes a worker host's own network (cluster.on_hosts)
 
 
 async def _busy(
     cluster: ChaosCluster, role: WorkerRole, is_busy: Callable[[worker_pb2.WorkerStats], bool]
-) -> tuple[str, int]:
-    """A worker of ``role`` whose counters say ``is_busy`` now: (id, pid), polled."""
+) -> WorkerInfo:
+    """A worker of ``role`` whose counters say ``is_busy`` now, polled."""
     deadline = time.monotonic() + MOMENT_TIMEOUT_S
     workers = cluster.workers(role)
     channels = [cluster.worker_channel(w.address) for w in workers]
@@ -49,7 +57,7 @@ async def _busy(
             for w, stub in zip(workers, stubs, strict=True):
                 stats = await worker_stats(stub)
                 if stats is not None and is_busy(stats):
-                    return w.worker_id, pid_of(w)
+                    return w
             await asyncio.sleep(0.005)
     finally:
         for c in channels:
@@ -62,15 +70,15 @@ def _streaming(stats: worker_pb2.WorkerStats) -> bool:
 
 
 async def kill_decode_mid_stream(cluster: ChaosCluster, load: SteadyLoad) -> str:
-    worker, pid = await _busy(cluster, WorkerRole.DECODE, _streaming)
-    os.kill(pid, signal.SIGKILL)
-    return worker
+    worker = await _busy(cluster, WorkerRole.DECODE, _streaming)
+    os.kill(pid_of(worker), signal.SIGKILL)
+    return worker.worker_id
 
 
 async def kill_prefill_mid_transfer(cluster: ChaosCluster, load: SteadyLoad) -> str:
-    worker, pid = await _busy(cluster, WorkerRole.PREFILL, lambda s: s.transfers_in_flight > 0)
-    os.kill(pid, signal.SIGKILL)
-    return worker
+    worker = await _busy(cluster, WorkerRole.PREFILL, lambda s: s.transfers_in_flight > 0)
+    os.kill(pid_of(worker), signal.SIGKILL)
+    return worker.worker_id
 
 
 async def kill_one_router(cluster: ChaosCluster, load: SteadyLoad) -> str:
@@ -86,13 +94,14 @@ async def restart_redis_empty(cluster: ChaosCluster, load: SteadyLoad) -> str:
 
 
 async def freeze_decode_worker(cluster: ChaosCluster, load: SteadyLoad) -> str:
-    worker, pid = await _busy(cluster, WorkerRole.DECODE, _streaming)
+    worker = await _busy(cluster, WorkerRole.DECODE, _streaming)
+    pid = pid_of(worker)
     os.kill(pid, signal.SIGSTOP)
     try:
         await asyncio.sleep(FREEZE_S)
     finally:
         os.kill(pid, signal.SIGCONT)
-    return worker
+    return worker.worker_id
 
 
 async def overload_burst(cluster: ChaosCluster, load: SteadyLoad) -> str:
@@ -107,6 +116,29 @@ async def overload_burst(cluster: ChaosCluster, load: SteadyLoad) -> str:
     return f"{BURST_S:.0f} s at {burst.rate:g} req/s; workers registered: {live}, then {after}"
 
 
+async def cut_a_worker_hosts_link(cluster: ChaosCluster, load: SteadyLoad) -> str:
+    worker = await _busy(cluster, WorkerRole.DECODE, _streaming)
+    host = cluster.host_of(worker)
+    await asyncio.to_thread(host.cut_off)
+    try:
+        await asyncio.sleep(LINK_CUT_S)
+    finally:
+        await asyncio.to_thread(host.reconnect)
+    return f"host {host.name}'s link ({worker.worker_id} was streaming)"
+
+
+async def slow_and_lossy_link(cluster: ChaosCluster, load: SteadyLoad) -> str:
+    worker = await _busy(cluster, WorkerRole.DECODE, _streaming)
+    host = cluster.host_of(worker)
+    await asyncio.to_thread(host.degrade_link, SLOW_LINK_RATE, SLOW_LINK_DROP_SHARE)
+    try:
+        await asyncio.sleep(SLOW_LINK_S)
+        dropped = await asyncio.to_thread(host.dropped_packets)
+    finally:
+        await asyncio.to_thread(host.restore_link)
+    return f"host {host.name}'s link ({worker.worker_id} was streaming), {dropped} packets dropped"
+
+
 FAULTS = (
     Fault("decode-kill", "kill -9 of a decode worker mid-stream", kill_decode_mid_stream),
     Fault("prefill-kill", "kill -9 of a prefill worker mid-transfer", kill_prefill_mid_transfer),
@@ -116,7 +148,17 @@ FAULTS = (
     Fault(
         "overload", f"a burst at {BURST_FACTOR:.0f}x the rate for {BURST_S:.0f} s", overload_burst
     ),
-    Fault("link-cut", "a worker host's link cut for 10 s", None),
-    Fault("slow-link", "a link at 100 Mbit/s, 5% loss, 30 s", None),
+    Fault(
+        "link-cut",
+        f"a worker host's link cut for {LINK_CUT_S:.0f} s",
+        cut_a_worker_hosts_link,
+        needs_hosts=True,
+    ),
+    Fault(
+        "slow-link",
+        f"a worker host's link at 100 Mbit/s, {SLOW_LINK_DROP_SHARE:.0%} loss, {SLOW_LINK_S:.0f} s",
+        slow_and_lossy_link,
+        needs_hosts=True,
+    ),
 )
 FAULT_NAMES = tuple(f.name for f in FAULTS)
