@@ -34,8 +34,6 @@ from pdserve.worker.mutual_tls import client_tls
 
 START_TIMEOUT_S = 900.0
 ENV = {"PDSERVE_TORCH_THREADS": "1"}
-
-
 WORKER_HOSTS = ("w1", "w2")
 
 

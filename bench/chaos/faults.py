@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from pdserve.bench.chaos.cluster import ChaosCluster, pid_of, worker_stats
 from pdserve.bench.chaos.load import SteadyLoad
+from pdserve.bench.netns_hosts import Host
 from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.proto.workers import WorkerInfo, WorkerRole
 
@@ -117,26 +118,44 @@ async def overload_burst(cluster: ChaosCluster, load: SteadyLoad) -> str:
 
 
 async def cut_a_worker_hosts_link(cluster: ChaosCluster, load: SteadyLoad) -> str:
-    worker = await _busy(cluster, WorkerRole.DECODE, _streaming)
-    host = cluster.host_of(worker)
-    await asyncio.to_thread(host.cut_off)
-    try:
-        await asyncio.sleep(LINK_CUT_S)
-    finally:
-        await asyncio.to_thread(host.reconnect)
-    return f"host {host.name}'s link ({worker.worker_id} was streaming)"
+    return await _spell_on_a_link(cluster, Host.cut_off, _reconnect, LINK_CUT_S)
 
 
 async def slow_and_lossy_link(cluster: ChaosCluster, load: SteadyLoad) -> str:
+    return await _spell_on_a_link(cluster, _degrade, _restore, SLOW_LINK_S)
+
+
+async def _spell_on_a_link(
+    cluster: ChaosCluster,
+    harm: Callable[[Host], None],
+    mend: Callable[[Host], str],
+    spell_s: float,
+) -> str:
+    """``harm`` the link of a host whose decode worker streams, ``mend`` it ``spell_s``
+    later (what it returns ends the description)."""
     worker = await _busy(cluster, WorkerRole.DECODE, _streaming)
     host = cluster.host_of(worker)
-    await asyncio.to_thread(host.degrade_link, SLOW_LINK_RATE, SLOW_LINK_DROP_SHARE)
+    await asyncio.to_thread(harm, host)
     try:
-        await asyncio.sleep(SLOW_LINK_S)
-        dropped = await asyncio.to_thread(host.dropped_packets)
+        await asyncio.sleep(spell_s)
     finally:
-        await asyncio.to_thread(host.restore_link)
-    return f"host {host.name}'s link ({worker.worker_id} was streaming), {dropped} packets dropped"
+        note = await asyncio.to_thread(mend, host)
+    return f"host {host.name}'s link ({worker.worker_id} was streaming){note}"
+
+
+def _reconnect(host: Host) -> str:
+    host.reconnect()
+    return ""
+
+
+def _degrade(host: Host) -> None:
+    host.degrade_link(SLOW_LINK_RATE, SLOW_LINK_DROP_SHARE)
+
+
+def _restore(host: Host) -> str:
+    dropped = host.dropped_packets()
+    host.restore_link()
+    return f", {dropped} packets dropped"
 
 
 FAULTS = (
