@@ -26,7 +26,6 @@ from pdserve.proto import worker_pb2, worker_pb2_grpc
 from pdserve.proto.workers import WorkerInfo, WorkerRole
 
 FREEZE_S = 10.0
-BURST_FACTOR = 10.0
 BURST_S = 20.0
 LINK_CUT_S = 10.0
 SLOW_LINK_S = 30.0
@@ -113,16 +112,20 @@ async def freeze_decode_worker(cluster: ChaosCluster, load: SteadyLoad) -> str:
     return worker.worker_id
 
 
-async def overload_burst(cluster: ChaosCluster, load: SteadyLoad) -> str:
-    """A burst at ``BURST_FACTOR`` times the steady rate for ``BURST_S``, on top of it."""
-    live = sum(len(cluster.workers(role)) for role in WorkerRole)
-    burst = load.burst(BURST_FACTOR)
-    running = asyncio.create_task(burst.run())
-    await asyncio.sleep(BURST_S)
-    await burst.drain()
-    await running
-    after = sum(len(cluster.workers(role)) for role in WorkerRole)
-    return f"{BURST_S:.0f} s at {burst.rate:g} req/s; workers registered: {live}, then {after}"
+def overload(rate: float) -> Fault:
+    """A burst of ``rate`` requests/s for ``BURST_S``, on top of the steady load."""
+
+    async def strike(cluster: ChaosCluster, load: SteadyLoad) -> str:
+        live = sum(len(cluster.workers(role)) for role in WorkerRole)
+        burst = load.burst(rate)
+        running = asyncio.create_task(burst.run())
+        await asyncio.sleep(BURST_S)
+        await burst.drain()
+        await running
+        after = sum(len(cluster.workers(role)) for role in WorkerRole)
+        return f"{BURST_S:.0f} s at {burst.rate:g} req/s; workers registered: {live}, then {after}"
+
+    return Fault("overload", f"a burst at {rate:g} req/s for {BURST_S:.0f} s, on top", strike)
 
 
 async def cut_a_worker_hosts_link(cluster: ChaosCluster, load: SteadyLoad) -> str:
@@ -173,9 +176,6 @@ FAULTS = (
     Fault("redis-restart", "Redis killed, restarted empty", restart_redis_empty),
     Fault("freeze", f"a decode worker frozen (SIGSTOP) {FREEZE_S:.0f} s", freeze_decode_worker),
     Fault(
-        "overload", f"a burst at {BURST_FACTOR:.0f}x the rate for {BURST_S:.0f} s", overload_burst
-    ),
-    Fault(
         "link-cut",
         f"a worker host's link cut for {LINK_CUT_S:.0f} s",
         cut_a_worker_hosts_link,
@@ -188,4 +188,4 @@ FAULTS = (
         needs_hosts=True,
     ),
 )
-FAULT_NAMES = tuple(f.name for f in FAULTS)
+FAULT_NAMES = (*(f.name for f in FAULTS), "overload")

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from pdserve.bench.chaos.analysis import FaultReport, Slo, report
 from pdserve.bench.chaos.cluster import ENV, START_TIMEOUT_S, ChaosCluster, on_hosts, up_args
-from pdserve.bench.chaos.faults import FAULT_NAMES, FAULTS, LINK_COMMANDS, Fault
+from pdserve.bench.chaos.faults import FAULT_NAMES, FAULTS, LINK_COMMANDS, Fault, overload
 from pdserve.bench.chaos.load import SteadyLoad, chaos_dataset
 from pdserve.bench.chaos.soak import SoakReport, print_soak, soak
 from pdserve.bench.engine_args import write_rows
@@ -49,6 +49,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--faults", default=",".join(FAULT_NAMES), help="comma-separated, in order")
     p.add_argument("--rate", type=float, default=0.5, help="requests per second (default 0.5)")
     p.add_argument("--requests", type=int, default=48, help="distinct requests (default 48)")
+    p.add_argument(
+        "--burst-rate", type=float, default=None,
+        help="the overload burst's requests per second (default 10x --rate); set it to 10x "
+        "what the cluster sustains",
+    )  # fmt: skip
     p.add_argument("--observe-s", type=float, default=60.0, help="watch after a fault")
     p.add_argument("--window-s", type=float, default=10.0, help="goodput window")
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
@@ -163,7 +168,9 @@ def format_table(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    chosen = [f for name in args.faults.split(",") for f in FAULTS if f.name == name]
+    burst_rate = 10 * args.rate if args.burst_rate is None else args.burst_rate
+    faults = {f.name: f for f in (*FAULTS, overload(burst_rate))}
+    chosen = [faults[name] for name in args.faults.split(",")]
     on_one_host = [f for f in chosen if not f.needs_hosts]
     on_worker_hosts = [f for f in chosen if f.needs_hosts]
     hosts_missing = skip_reason(LINK_COMMANDS) if on_worker_hosts else None
