@@ -2,8 +2,8 @@
 
 A sender that cannot prove the key is cut off before the receiver reads its header: the
 receiver's pool keeps every byte, the expectation stays open for the real sender, and the
-refusal is counted. NIXL has no handshake of its own (its metadata travels only inside the
-mutual-TLS worker API: kv_transfer/handshake.py).
+refusal is counted. NIXL has no connection to authenticate; its notices carry a MAC under
+the key instead: test_kv_transfer_nixl_auth.py.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_a_sender_with_the_key_moves_blocks_byte_exact(
         assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
         assert done.wait(TIMEOUT_S) is TransferState.DONE, done.error
         assert torch.equal(pool[DST], make_pool(LAYOUT, seed=7)[SRC])
-        assert endpoint.stats().connections_refused == 0
+        assert endpoint.stats().auth_refused == 0
     finally:
         sender.close()
 
@@ -89,7 +89,7 @@ def test_a_sender_with_another_key_lands_no_block_and_spoils_nothing(
         assert torch.equal(pool, before)  # every byte of the pool untouched
         assert expected.state is TransferState.PENDING  # the real transfer may still come
         stats = endpoint.stats()
-        assert (stats.connections_refused, stats.transfers_failed, stats.bytes_received) == (
+        assert (stats.auth_refused, stats.transfers_failed, stats.bytes_received) == (
             1,
             0,
             0,
@@ -118,9 +118,9 @@ def test_a_raw_connection_sending_a_header_is_closed_unanswered(
         sock.sendall(header)
         assert _answer(sock) == b""  # closed without an ack: no header was parsed
     deadline = time.monotonic() + 5
-    while endpoint.stats().connections_refused < 1 and time.monotonic() < deadline:
+    while endpoint.stats().auth_refused < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert endpoint.stats().connections_refused == 1
+    assert endpoint.stats().auth_refused == 1
     assert torch.equal(pool, before)
     assert expected.state is TransferState.PENDING
 
