@@ -8,7 +8,8 @@ must carry a MAC under the key (kv_transfer/notice_mac.py). Here an outsider age
 notices without a MAC or with one under another key, and a sender with another cluster's
 key writes its blocks and notices: each notice is refused and counted, the expected
 transfer is neither completed nor failed (no block is accepted), and the real transfer
-after it completes byte for byte.
+after it completes byte for byte. A member's transfer, and ends that disagree about the
+key: test_kv_transfer_auth.py, on both backends.
 """
 
 from __future__ import annotations
@@ -160,24 +161,6 @@ def test_no_port_hands_out_a_receivers_nixl_metadata() -> None:
         endpoint.close()
 
 
-def test_a_sender_with_the_key_moves_blocks_byte_exact(
-    receiver: tuple[KVReceiver, torch.Tensor],
-) -> None:
-    endpoint, pool = receiver
-    assert decode_peer(endpoint.connection_metadata(), "nixl").auth
-    sender = _sender(KEY)
-    try:
-        tid = _tid()
-        done = endpoint.expect(tid, DST)
-        handle = sender.send(tid, SRC, endpoint.connection_metadata(), DST)
-        assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
-        assert done.wait(TIMEOUT_S) is TransferState.DONE, done.error
-        assert torch.equal(pool[DST], make_pool(LAYOUT, seed=7)[SRC])
-        assert endpoint.stats().auth_refused == 0
-    finally:
-        sender.close()
-
-
 def test_notices_without_a_valid_mac_are_refused_and_the_real_transfer_follows(
     receiver: tuple[KVReceiver, torch.Tensor],
 ) -> None:
@@ -241,21 +224,3 @@ def test_a_sender_with_another_key_completes_nothing(
     finally:
         intruder.close()
         member.close()
-
-
-def test_senders_and_receivers_that_disagree_fail_before_connecting(
-    receiver: tuple[KVReceiver, torch.Tensor],
-) -> None:
-    endpoint, _pool = receiver
-    keyless, keyed = _sender(None), _sender(KEY)
-    open_receiver = make_receiver("nixl", _config(None))
-    open_receiver.register_pool(make_pool(LAYOUT, seed=None))
-    try:
-        with pytest.raises(ValueError, match="requires authenticated connections"):
-            keyless.send(_tid(), SRC, endpoint.connection_metadata(), DST)
-        with pytest.raises(ValueError, match="the receiver does not"):
-            keyed.send(_tid(), SRC, open_receiver.connection_metadata(), DST)
-    finally:
-        keyless.close()
-        keyed.close()
-        open_receiver.close()
