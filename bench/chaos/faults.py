@@ -1,8 +1,8 @@
 """The faults, one at a time, each struck while the steady load runs.
 
 A fault waits for its moment (asking the workers' ``GetStats`` every few milliseconds: a
-decode worker streaming, a prefill worker with a KV transfer open), strikes, and returns
-when it has done its part (a frozen worker is resumed after ``FREEZE_S``); the cluster
+decode worker streaming, a prefill worker computing a prompt or sending its KV), strikes,
+and returns when it has done its part (a frozen worker is resumed after ``FREEZE_S``); the cluster
 recovers by itself. Faults on links need a worker host with its own network: they run only
 on the multi-host cluster and are reported as not run here.
 """
@@ -67,8 +67,15 @@ async def kill_decode_mid_stream(cluster: ChaosCluster, load: SteadyLoad) -> str
     return worker
 
 
-async def kill_prefill_mid_transfer(cluster: ChaosCluster, load: SteadyLoad) -> str:
-    worker, pid = await _busy(cluster, WorkerRole.PREFILL, lambda s: s.transfers_in_flight > 0)
+def _prefilling(stats: worker_pb2.WorkerStats) -> bool:
+    """Computing a prompt or sending its KV. A transfer alone is open for milliseconds on an
+    idle machine (a 512-token prompt's KV crosses loopback in ~15 ms), too short to catch by
+    polling; a prompt's computation, which every transfer follows, lasts 0.1-0.6 s."""
+    return stats.running > 0 or stats.transfers_in_flight > 0
+
+
+async def kill_busy_prefill(cluster: ChaosCluster, load: SteadyLoad) -> str:
+    worker, pid = await _busy(cluster, WorkerRole.PREFILL, _prefilling)
     os.kill(pid, signal.SIGKILL)
     return worker
 
@@ -109,7 +116,7 @@ async def overload_burst(cluster: ChaosCluster, load: SteadyLoad) -> str:
 
 FAULTS = (
     Fault("decode-kill", "kill -9 of a decode worker mid-stream", kill_decode_mid_stream),
-    Fault("prefill-kill", "kill -9 of a prefill worker mid-transfer", kill_prefill_mid_transfer),
+    Fault("prefill-kill", "kill -9 of a busy prefill worker (prompt or KV)", kill_busy_prefill),
     Fault("router-kill", "kill -9 of one of two routers (clients retry)", kill_one_router),
     Fault("redis-restart", "Redis killed, restarted empty", restart_redis_empty),
     Fault("freeze", f"a decode worker frozen (SIGSTOP) {FREEZE_S:.0f} s", freeze_decode_worker),
