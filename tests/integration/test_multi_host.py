@@ -377,7 +377,7 @@ def test_the_router_learns_a_slow_link_and_keeps_long_prompts_off_it(
 ) -> None:
     # The link toward dc at 100 Mbit/s; pf's own decode worker is across loopback. Each
     # prompt differs from its first token, so no cache makes one decode worker cheaper.
-    prompts = [hf_smollm2_tokenizer(f"Log {i}. {BASE_PROMPT * 4}").input_ids for i in range(8)]
+    prompts = [hf_smollm2_tokenizer(f"Log {i}. {BASE_PROMPT * 4}").input_ids for i in range(12)]
     assert len(prompts[0]) * 46_080 > 2 * MIN_MEASURED_BYTES  # fp32 KV: measured transfers
     dc = cluster.host("dc")
     dc.limit_inbound("100mbit")
