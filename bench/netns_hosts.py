@@ -9,9 +9,11 @@ the same /24 so that the test process reaches every host::
 
 The /24 is one that no interface or route of this machine uses. Cutting a host off is
 ``ip link set <its veth> down``; slowing the link toward it, a ``tc`` token bucket filter
-on that veth. Everything is torn down by ``close``: the processes still in a namespace (all
-of them started by the test) are killed by pid, the namespaces, veths (and their filters)
-and the bridge deleted. Needs root (``ip netns add``); ``skip_reason`` says why not.
+on that veth; making it lossy as well (this kernel has no netem), ``iptables`` rules in
+the host's namespace that drop a random share of the packets its eth0 sends and receives.
+Everything is torn down by ``close``: the processes still in a namespace (all of them
+started by the test) are killed by pid, the namespaces (with their rules and filters),
+veths and the bridge deleted. Needs root (``ip netns add``); ``skip_reason`` says why not.
 """
 
 from __future__ import annotations
@@ -36,13 +38,33 @@ def _tc(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["tc", *args], capture_output=True, text=True, check=check, timeout=30)
 
 
-def skip_reason() -> str | None:
-    """Why hosts cannot be built here, or None."""
+# command -> the Debian package that has it
+COMMANDS = {"ip": "iproute2", "tc": "iproute2", "iptables": "iptables"}
+
+
+def skip_reason(commands: Sequence[str] = ("ip",)) -> str | None:
+    """Why hosts whose links ``commands`` handle cannot be built here, or None."""
     if os.geteuid() != 0:
         return "network namespaces need root (ip netns add); run the test as root"
-    if shutil.which("ip") is None:
-        return "the ip command (iproute2) is missing"
+    for command in commands:
+        if shutil.which(command) is None:
+            return f"the {command} command ({COMMANDS[command]}) is missing"
     return None
+
+
+def drop_rules(share: float, device: str = "eth0") -> list[tuple[str, ...]]:
+    """iptables rules that drop ``share`` of the packets ``device`` receives and sends, each
+    packet drawn alone (the ``statistic`` match)."""
+    assert 0.0 < share < 1.0, f"a share of the packets, got {share}"
+    drop = ("-m", "statistic", "--mode", "random", "--probability", f"{share:g}", "-j", "DROP")
+    return [("INPUT", "-i", device, *drop), ("OUTPUT", "-o", device, *drop)]
+
+
+def dropped_packets(listing: str) -> int:
+    """The packets DROP rules have dropped, from ``iptables -L -v -x -n``: each rule's line
+    starts with its packet count, then bytes, then the target."""
+    rows = (line.split() for line in listing.splitlines())
+    return sum(int(row[0]) for row in rows if row[2:3] == ["DROP"])
 
 
 @dataclass
@@ -90,11 +112,34 @@ class Host:
         """Traffic toward this host passes at most ``rate`` (tc's units: ``100mbit``): a
         token bucket of ``burst`` on the bridge end of its veth. A fast rate needs a bucket
         of at least one timer tick of it (1 ms of 10 Gbit/s: ``10000kbit``)."""
-        _tc("qdisc", "replace", "dev", self.link, "root", "tbf", "rate", rate,
-            "burst", burst, "latency", "400ms")  # fmt: skip
+        _tc("qdisc", "replace", "dev", self.link, "root", *_token_bucket(rate, burst))
 
     def unlimit_inbound(self) -> None:
         _tc("qdisc", "del", "dev", self.link, "root", check=False)
+
+    def degrade_link(self, rate: str, drop_share: float) -> None:
+        """Its link at most ``rate`` each way (a token bucket on both ends of the veth), and
+        ``drop_share`` of the packets lost each way; ``restore_link`` undoes both."""
+        self.limit_inbound(rate)
+        _tc("-n", self.namespace, "qdisc", "replace", "dev", "eth0", "root",
+            *_token_bucket(rate, "32kbit"))  # fmt: skip
+        for rule in drop_rules(drop_share):
+            self._iptables("-A", *rule)
+
+    def dropped_packets(self) -> int:
+        """Packets the rules of ``degrade_link`` have dropped so far."""
+        return dropped_packets(self._iptables("-L", "-v", "-x", "-n"))
+
+    def restore_link(self) -> None:
+        self.unlimit_inbound()
+        _tc("-n", self.namespace, "qdisc", "del", "dev", "eth0", "root", check=False)
+        self._iptables("-F")  # the namespace holds no rules but those
+
+    def _iptables(self, *args: str) -> str:
+        out = self.run(("iptables", *args), {}, timeout_s=30)
+        if out.returncode != 0:
+            raise RuntimeError(f"iptables {' '.join(args)} in {self.namespace}: {out.stderr}")
+        return out.stdout
 
     def sent_bytes(self) -> int:
         """Bytes this host has sent over its link (received by the bridge end)."""
@@ -167,6 +212,10 @@ class Lan:
             _ip("link", "del", host.link, check=False)
             _ip("netns", "del", host.namespace, check=False)
         _ip("link", "del", self.bridge, check=False)
+
+
+def _token_bucket(rate: str, burst: str) -> tuple[str, ...]:
+    return ("tbf", "rate", rate, "burst", burst, "latency", "400ms")
 
 
 def _free_subnet() -> str:

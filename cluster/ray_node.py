@@ -25,10 +25,17 @@ from pdserve.cluster.ray_pools import HOST_LABEL
 from pdserve.cluster.redis_server import die_with_parent
 
 STARTED_LINE = "Ray runtime started"  # what `ray start` prints once its node is up
+# Ray's error type in what `ray start` prints when the head refuses the node's token.
+TOKEN_REFUSED_MARK = "InvalidAuthToken"
 # On SIGTERM the node first asks the head to drain it (30 s by default). Our workers have
 # drained before the node stops; a bound keeps a head that does not answer (this host was
 # cut off a while ago) from holding the leave up.
 NODE_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "5"}
+
+
+class TokenRefused(ValueError):
+    """The head's Ray refused this node's token: the join token is wrong or stale. A
+    ValueError, so the CLI says so in one line (it is the user's input that is wrong)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -55,8 +62,9 @@ class RayNode:
         self._temp_dir: str | None = None
 
     def start(self, timeout_s: float = 120.0) -> RayNode:
-        """Start the node and wait until it is part of the cluster; RuntimeError with the
-        end of its log when it fails or takes longer than ``timeout_s``."""
+        """Start the node and wait until it is part of the cluster; TokenRefused when the
+        head refuses its token, RuntimeError with the end of its log when it fails
+        otherwise or takes longer than ``timeout_s``."""
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         # short: Unix socket paths under it must stay within 107 bytes
         self._temp_dir = tempfile.mkdtemp(prefix=f"ray-{self.spec.host_name[:16]}-")
@@ -73,8 +81,7 @@ class RayNode:
         while STARTED_LINE not in self._log_text():
             if not self.alive:
                 self.stop()  # removes its temporary directory
-                raise RuntimeError(f"`ray start` to join {self.spec.head_address} failed:\n"
-                                   f"{self._log_text()[-3000:]}")  # fmt: skip
+                raise self._exit_error()
             if time.monotonic() > deadline_s:
                 self.stop()
                 raise RuntimeError(f"the Ray node did not join {self.spec.head_address} in "
@@ -99,6 +106,18 @@ class RayNode:
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
             self._temp_dir = None
+
+    def _exit_error(self) -> Exception:
+        """Why `ray start` exited before its node was up."""
+        text, head = self._log_text(), self.spec.head_address
+        if TOKEN_REFUSED_MARK in text:
+            return TokenRefused(
+                f"the Ray head at {head} refused this host ({TOKEN_REFUSED_MARK}): the join "
+                "token is wrong or stale (another cluster's, or from before the head's secret "
+                "changed); copy the token file that the head's `pdserve up --head` wrote "
+                f"(Ray's output: {self.spec.log_path})"
+            )
+        return RuntimeError(f"`ray start` to join {head} failed:\n{text[-3000:]}")
 
     def _log_text(self) -> str:
         return self.spec.log_path.read_text(errors="replace")

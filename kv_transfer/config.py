@@ -34,9 +34,10 @@ class TransferConfig:
     transfer long before the overall deadline. ``int8`` on a sender quantizes blocks for
     the wire; on a NIXL receiver it allocates the staging area int8 transfers land in.
     ``auth_key`` (derived from the cluster secret; hidden from ``repr``): TCP connections
-    must pass the handshake of ``handshake.py`` before a byte of KV moves; None: no
-    authentication (a single host, or tests). ``stage_through_host`` (TCP): copy blocks
-    through a pinned host buffer (``staging.py``); None: when the pool is on a GPU.
+    must pass the handshake of ``handshake.py`` before a byte of KV moves, NIXL notices
+    must carry a MAC under it (``notice_mac.py``); None: no authentication (a single host,
+    or tests). ``stage_through_host`` (TCP): copy blocks through a pinned host buffer
+    (``staging.py``); None: when the pool is on a GPU.
     """
 
     timeout_s: float = 30.0

@@ -14,9 +14,11 @@ and the role in the MAC stops a proof from being reflected back. This authentica
 peers, not the bytes after it: blocks travel unencrypted and without a MAC (the header's CRC
 catches accidents, not an attacker on the path), as they do over NIXL.
 
-NIXL needs no handshake of its own: a sender can write into a pool only with the receiver's
-agent metadata, which travels only inside the worker gRPC API (mutual TLS in a cluster with a
-secret): ReserveKV's ``KVDestination`` to the router, then the router's Prefill request.
+NIXL has no connection to run this on: a sender can write into a pool only with the
+receiver's agent metadata, which travels only inside the worker gRPC API (mutual TLS in a
+cluster with a secret): ReserveKV's ``KVDestination`` to the router, then the router's
+Prefill request; and a transfer completes only on a notice that carries a MAC under the
+same key (notice_mac.py).
 """
 
 from __future__ import annotations

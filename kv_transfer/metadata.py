@@ -2,9 +2,9 @@
 
 ``b"PDKM" | u32 json_len | json | blob``: the json names the backend, the receiver's pool
 layout, backend fields (TCP address, NIXL buffer addresses), the blob's crc32 and, when the
-receiver requires it, the connection handshake (``"auth"``, see handshake.py); the blob is
-backend data (the NIXL agent metadata). It reaches a sender inside a gRPC request, so
-``decode_peer`` trusts none of it.
+receiver requires the cluster key, ``"auth"`` (TCP: the handshake of handshake.py; NIXL:
+notices with a MAC, notice_mac.py); the blob is backend data (the NIXL agent metadata). It
+reaches a sender inside a gRPC request, so ``decode_peer`` trusts none of it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class PeerInfo:
     int8: bool  # whether the receiver accepts int8 records
     fields: dict[str, Any]
     blob: bytes = b""
-    auth: bool = False  # the receiver accepts only connections that pass handshake.py
+    auth: bool = False  # the receiver requires the cluster key (handshake.py, notice_mac.py)
 
 
 def encode_peer(info: PeerInfo) -> bytes:

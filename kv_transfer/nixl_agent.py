@@ -55,7 +55,12 @@ class Agent:
         self.name = f"pdkv-{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.lock = threading.Lock()
         try:
-            config = api.nixl_agent_config(enable_prog_thread=progress_thread, backends=["UCX"])
+            # No listener thread: it would hand this agent's metadata (UCX address, memory
+            # keys) to whoever asks on its port. The metadata leaves only inside the worker
+            # API (ReserveKV's answer), under mutual TLS in a cluster with a secret.
+            config = api.nixl_agent_config(
+                enable_prog_thread=progress_thread, enable_listen_thread=False, backends=["UCX"]
+            )
             self.raw = api.nixl_agent(self.name, config)
         except Exception as exc:  # nixl raises its own binding error types
             raise RuntimeError(

@@ -9,8 +9,9 @@ sender, only the sender from the receiver (``connection_metadata``).
 
 Notifications, sender -> receiver: ``B|header`` before the write, ``D|header`` attached
 to the write (NIXL delivers it once the data has landed), ``F|header`` when the sender
-gives up. int8 records go through a registered staging area on both sides with one slot
-per pool block, so nothing is registered per transfer.
+gives up; with a cluster key each carries a MAC (notice_mac.py). int8 records go through
+a registered staging area on both sides with one slot per pool block, so nothing is
+registered per transfer.
 
 Failure: a dead receiver fails the sender's request (UCX reports the disconnect); a dead
 sender is noticed by the receiver through its deadline. A sender that is slow rather than

@@ -1,7 +1,8 @@
 """NIXL receiver: exposes its registered pool and turns notifications into handle states.
 
-One poller thread reads NIXL notifications (see nixl_backend.py for the messages). A
-message that arrives before ``expect`` is kept until its transfer is expected or the
+One poller thread reads NIXL notifications (see nixl_backend.py for the messages). With a
+cluster key a notice without a valid MAC is refused before anything else (notice_mac.py).
+A message that arrives before ``expect`` is kept until its transfer is expected or the
 timeout passes.
 """
 
@@ -28,6 +29,7 @@ from pdserve.kv_transfer.nixl_agent import (
     Agent,
     memory_segment,
 )
+from pdserve.kv_transfer.notice_mac import NoticeRefused, open_notice
 from pdserve.kv_transfer.wire import TransferHeader, validate_header
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,8 @@ class NixlReceiver(ReceiverBase):
             )
             self._agent.register(self._staging)
             fields["staging_addr"] = self._staging.data_ptr()
-        info = PeerInfo(self.backend_name, layout, int8, fields, self._agent.metadata())
+        auth = self.config.auth_key is not None
+        info = PeerInfo(self.backend_name, layout, int8, fields, self._agent.metadata(), auth)
         self._metadata = encode_peer(info)
         self._poller.start()
 
@@ -101,9 +104,15 @@ class NixlReceiver(ReceiverBase):
     def _on_message(self, message: bytes) -> None:
         if not message:
             return  # a write segment without a notification
-        kind = message[:1]
         try:
-            header = TransferHeader.decode(message[1:])
+            notice = open_notice(self.config.auth_key, self._agent.name, message)
+        except NoticeRefused as exc:
+            log.warning("NIXL receiver refused a notice: %s", exc)
+            self._counters.record_refused()
+            return
+        kind = notice[:1]
+        try:
+            header = TransferHeader.decode(notice[1:])
         except ValueError as exc:
             log.warning("NIXL receiver dropped a bad notification: %s", exc)
             self._counters.record_failed(0.0)

@@ -1,4 +1,5 @@
-"""NIXL sender: WRITEs blocks into a receiver's registered pool (see nixl_backend.py)."""
+"""NIXL sender: WRITEs blocks into a receiver's registered pool (see nixl_backend.py); with a
+cluster key its notices carry a MAC (notice_mac.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pdserve.kv_transfer.config import TransferConfig
 from pdserve.kv_transfer.connector import TransferHandle
 from pdserve.kv_transfer.convert import CHUNK_BLOCKS, convert_blocks
 from pdserve.kv_transfer.endpoints import SenderBase
+from pdserve.kv_transfer.handshake import check_auth_settings
 from pdserve.kv_transfer.layout import KVPoolLayout
 from pdserve.kv_transfer.metadata import PeerInfo
 from pdserve.kv_transfer.nixl_agent import (
@@ -24,6 +26,7 @@ from pdserve.kv_transfer.nixl_agent import (
     Agent,
     memory_segment,
 )
+from pdserve.kv_transfer.notice_mac import seal_notice
 from pdserve.kv_transfer.wire import TransferHeader
 
 log = logging.getLogger(__name__)
@@ -83,6 +86,7 @@ class NixlSender(SenderBase):
         self._connect(info, peer)
 
     def _connect(self, peer: PeerInfo, raw: bytes) -> _Peer:
+        check_auth_settings(peer.auth, self.config.auth_key)
         name = str(peer.fields["agent"])
         with self._connect_lock:
             known = self._peers.get(name)
@@ -159,12 +163,16 @@ class NixlSender(SenderBase):
         deadline_s: float,
     ) -> None:
         wire_header = header.encode()
-        self._agent.notify(target.agent_name, NOTIFY_BEGIN + wire_header)
+
+        def notice(kind: bytes) -> bytes:
+            return seal_notice(self.config.auth_key, target.agent_name, kind + wire_header)
+
+        self._agent.notify(target.agent_name, notice(NOTIFY_BEGIN))
         handle.start()
         try:
-            self._write(target, header, src, deadline_s, NOTIFY_DONE + wire_header)
+            self._write(target, header, src, deadline_s, notice(NOTIFY_DONE))
         except Exception:
-            self._notify_quietly(target.agent_name, NOTIFY_FAILED + wire_header)
+            self._notify_quietly(target.agent_name, notice(NOTIFY_FAILED))
             raise
 
     def _write(

@@ -17,7 +17,9 @@ class TransferStats:
     transfer_seconds: float = 0.0  # summed over finished transfers
     bytes_saved_int8: int = 0  # versus sending the same blocks in the pool dtype
     transfers_in_flight: int = 0  # a gauge: open now (PENDING or TRANSFERRING)
-    connections_refused: int = 0  # closed by the receiver's handshake before any header
+    # Inputs that did not prove the cluster key, refused before any header was read: TCP
+    # connections that failed the handshake, NIXL notices without a valid MAC.
+    auth_refused: int = 0
 
     def plus(self, other: TransferStats) -> TransferStats:
         """Two endpoints' counters together (a worker with both a sender and a receiver)."""
@@ -56,9 +58,7 @@ class TransferCounters:
 
     def record_refused(self) -> None:
         with self._lock:
-            self._stats = replace(
-                self._stats, connections_refused=self._stats.connections_refused + 1
-            )
+            self._stats = replace(self._stats, auth_refused=self._stats.auth_refused + 1)
 
     def snapshot(self) -> TransferStats:
         with self._lock:

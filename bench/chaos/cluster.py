@@ -1,4 +1,9 @@
-"""The cluster under test: `pdserve up` as a child process, and the processes a fault hits.
+"""The cluster under test, and the processes and links a fault hits.
+
+On one host: `pdserve up` as a child process. On hosts with their own network (for the
+faults on links, ``on_hosts``): `pdserve up --head` (Redis, Ray, the router) on one, and
+``WORKER_HOSTS`` that each `pdserve join` with a prefill and a decode worker, so that the
+work of a host whose link fails has somewhere else to go.
 
 Workers are found in the registry (their address, and the pid their heartbeat reports) and
 asked what they hold right now with their ``GetStats`` RPC (over mutual TLS with the
@@ -9,12 +14,16 @@ cluster would go); redis-server among `pdserve up`'s descendants.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import redis
 
+from pdserve.bench import netns_cluster
+from pdserve.bench.netns_hosts import Host, lan
 from pdserve.bench.up_process import UpProcess, descendants
 from pdserve.cluster.registry import WorkerRegistry
 from pdserve.proto import worker_pb2, worker_pb2_grpc
@@ -25,11 +34,13 @@ from pdserve.worker.mutual_tls import client_tls
 
 START_TIMEOUT_S = 900.0
 ENV = {"PDSERVE_TORCH_THREADS": "1"}
+WORKER_HOSTS = ("w1", "w2")
 
 
 @dataclass
 class ChaosCluster:
-    up: UpProcess
+    up: UpProcess  # `pdserve up`, or `pdserve up --head` on hosts
+    hosts: Sequence[Host] = ()  # the worker hosts, when each has its own network
 
     @property
     def grpc_address(self) -> str:
@@ -58,6 +69,10 @@ class ChaosCluster:
         """The router processes other than `pdserve up` itself."""
         return [p for p in self.up.state["router_pids"] if p != self.up.process.pid]
 
+    def host_of(self, worker: WorkerInfo) -> Host:
+        """The host ``worker`` runs on (by the address it registered)."""
+        return host_at(self.hosts, worker.address)
+
     def redis_pid(self) -> int:
         (pid,) = [p for p, cmd in descendants(self.up.process.pid).items() if "redis-server" in cmd]
         return pid
@@ -74,6 +89,29 @@ def up_args(
         "--slo-ttft-ms", str(slo_ms[0]), "--slo-tpot-ms", str(slo_ms[1]),
         "--adaptive-concurrency", "--shed-ttft-factor", "3",
     )  # fmt: skip
+
+
+def host_at(hosts: Sequence[Host], address: str) -> Host:
+    """The host of ``hosts`` that ``address`` (IP:PORT) is on."""
+    ip = address.rsplit(":", 1)[0]
+    for host in hosts:
+        if host.address == ip:
+            return host
+    raise LookupError(f"{address} is on none of the hosts {[h.address for h in hosts]}")
+
+
+@contextlib.contextmanager
+def on_hosts(directory: Path, up_flags: Sequence[str], num_blocks: int) -> Iterator[ChaosCluster]:
+    """`pdserve up --head UP_FLAGS` and ``WORKER_HOSTS`` (one prefill and one decode worker
+    each), serving for the ``with`` block; everything stopped and the hosts removed after."""
+    workers = ("--prefill", "1", "--decode", "1", "--num-blocks", str(num_blocks))
+    with lan(("head", *WORKER_HOSTS)) as net:
+        head = netns_cluster.launch_head(net, directory, *up_flags)
+        head.wait_serving(START_TIMEOUT_S)
+        for name in WORKER_HOSTS:
+            netns_cluster.join(net, directory, head.state, name, *workers)
+        netns_cluster.joined(directory, WORKER_HOSTS)
+        yield ChaosCluster(head, [net.hosts[name] for name in WORKER_HOSTS])
 
 
 async def worker_stats(stub: worker_pb2_grpc.WorkerStub) -> worker_pb2.WorkerStats | None:

@@ -101,10 +101,10 @@ class SteadyLoad:
     def stop(self) -> None:
         self._stopping.set()
 
-    def burst(self, factor: float) -> SteadyLoad:
-        """Another load of the same requests at ``factor`` times this rate, recording into
-        the same outcomes."""
-        return SteadyLoad(self._target, self._requests, self.rate * factor, self.outcomes)
+    def burst(self, rate: float) -> SteadyLoad:
+        """Another load of the same requests at ``rate`` per second, recording into the
+        same outcomes."""
+        return SteadyLoad(self._target, self._requests, rate, self.outcomes)
 
     async def drain(self) -> None:
         """Stop sending and wait until every request sent is done."""

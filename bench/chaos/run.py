@@ -9,9 +9,13 @@ It starts `pdserve up --prefill 2 --decode 2 --router-processes 2`, runs the loa
 reference, then strikes each fault after a steady stretch and watches ``--observe-s``. Each
 row: requests failed (by status), completed streams checked token by token against the
 reference (lost, repeated, changed tokens), goodput before / lowest / after and the time
-until it is back within 10% (``analysis.py``). Faults on links need worker hosts with their
-own network and are listed as not run on a single host. ``--soak`` runs no fault: the load
-for MINUTES, watched for growth (``soak.py``).
+until it is back within 10% (``analysis.py``). The faults on links (link-cut, slow-link)
+run after the others, on a cluster of hosts with their own network (``cluster.on_hosts``:
+network namespaces on a bridge, which needs root; without it they are listed as not run,
+with the reason): `pdserve up --head` on one host, two worker hosts that each join with
+`--prefill 1 --decode 1`, the same load sent from this namespace to the head's router,
+and a reference pass of their own. ``--soak`` runs no fault: the load for MINUTES, on one
+host, watched for growth (``soak.py``).
 """
 
 from __future__ import annotations
@@ -21,17 +25,18 @@ import asyncio
 import dataclasses
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
 from pdserve.bench.chaos.analysis import FaultReport, Slo, report
-from pdserve.bench.chaos.cluster import ENV, START_TIMEOUT_S, ChaosCluster, up_args
-from pdserve.bench.chaos.faults import FAULT_NAMES, FAULTS, Fault
+from pdserve.bench.chaos.cluster import ENV, START_TIMEOUT_S, ChaosCluster, on_hosts, up_args
+from pdserve.bench.chaos.faults import FAULT_NAMES, FAULTS, LINK_COMMANDS, Fault, overload
 from pdserve.bench.chaos.load import SteadyLoad, chaos_dataset
 from pdserve.bench.chaos.soak import SoakReport, print_soak, soak
 from pdserve.bench.engine_args import write_rows
+from pdserve.bench.netns_hosts import skip_reason
 from pdserve.bench.up_process import running_up
 
 
@@ -44,6 +49,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--faults", default=",".join(FAULT_NAMES), help="comma-separated, in order")
     p.add_argument("--rate", type=float, default=0.5, help="requests per second (default 0.5)")
     p.add_argument("--requests", type=int, default=48, help="distinct requests (default 48)")
+    p.add_argument(
+        "--burst-rate", type=float, default=None,
+        help="the overload burst's requests per second (default 10x --rate); set it to 10x "
+        "what the cluster sustains",
+    )  # fmt: skip
     p.add_argument("--observe-s", type=float, default=60.0, help="watch after a fault")
     p.add_argument("--window-s", type=float, default=10.0, help="goodput window")
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
@@ -76,8 +86,6 @@ async def run_faults(
         reference, lead_s = await _reference_pass(load, len(dataset), args.rate, slo)
         reports = []
         for fault in tqdm(faults, desc="faults", unit="fault"):
-            if fault.strike is None:
-                continue
             await asyncio.sleep(args.window_s + lead_s)  # a steady stretch: "before"
             fault_s = time.monotonic()
             target = await fault.strike(cluster, load)
@@ -130,43 +138,61 @@ async def run_soak(cluster: ChaosCluster, args: argparse.Namespace) -> SoakRepor
     return dataclasses.replace(result, inexact_streams=wrong)
 
 
-def print_table(reports: Sequence[FaultReport], faults: Sequence[Fault]) -> None:
-    what = {f.name: f.what for f in faults}
-    print(
+def format_table(
+    reports: Sequence[FaultReport], faults: Sequence[Fault], not_run: Mapping[str, str]
+) -> str:
+    """The markdown table: a row per fault in ``faults``' order, ``not_run`` ones (name ->
+    why) with their reason."""
+    by_fault = {r.fault: r for r in reports}
+    lines = [
         "| fault | requests | failed (status) | completed | lost / repeated / changed tokens "
         "| retried | answered within the SLO | goodput before / lowest / after (req/s) "
-        "| back within 10% after |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in reports:
+        "| back within 10% after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in faults:
+        r = by_fault.get(f.name)
+        if r is None:
+            lines.append(f"| {f.what} | not run: {not_run[f.name]} | | | | | | | |")
+            continue
         failed = ", ".join(f"{n} {s}" for s, n in sorted(r.failed.items())) or "0"
         e = r.errors
         back = "not within the run" if r.recovery_s is None else f"{r.recovery_s:.0f} s"
-        print(
-            f"| {what[r.fault]} | {r.requests} | {failed} | {r.completed} "
+        lines.append(
+            f"| {f.what} | {r.requests} | {failed} | {r.completed} "
             f"| {e.lost} / {e.repeated} / {e.changed} | {r.retried} | {r.admitted_attainment:.0%} "
             f"| {r.goodput_before:.2f} / {r.goodput_lowest:.2f} / {r.goodput_after:.2f} | {back} |"
         )
-    for f in faults:
-        if f.strike is None:
-            print(
-                f"| {f.what} | not run: needs worker hosts with their own network | | | | | | | |"
-            )
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    chosen = [f for name in args.faults.split(",") for f in FAULTS if f.name == name]
+    burst_rate = 10 * args.rate if args.burst_rate is None else args.burst_rate
+    faults = {f.name: f for f in (*FAULTS, overload(burst_rate))}
+    chosen = [faults[name] for name in args.faults.split(",")]
+    on_one_host = [f for f in chosen if not f.needs_hosts]
+    on_worker_hosts = [f for f in chosen if f.needs_hosts]
+    hosts_missing = skip_reason(LINK_COMMANDS) if on_worker_hosts else None
+    not_run = {f.name: hosts_missing for f in on_worker_hosts if hosts_missing is not None}
+    if hosts_missing is not None:
+        print(f"the faults on links are not run: {hosts_missing}", flush=True)
+    reports: list[FaultReport] = []
+    slo_ms = (args.slo_ttft_ms, args.slo_tpot_ms)
     with tempfile.TemporaryDirectory(prefix="pdserve-chaos-") as tmp:
-        slo_ms = (args.slo_ttft_ms, args.slo_tpot_ms)
-        cli = up_args(args.prefill, args.decode, 2, args.num_blocks, slo_ms)
-        with running_up(Path(tmp), cli, ENV, START_TIMEOUT_S) as up:
-            if args.soak is not None:
-                soaked = asyncio.run(run_soak(ChaosCluster(up), args))
-                print_soak(soaked)
-                return 0 if soaked.clean else 1
-            reports = asyncio.run(run_faults(ChaosCluster(up), chosen, args))
-    print_table(reports, chosen)
+        if on_one_host or args.soak is not None:
+            cli = up_args(args.prefill, args.decode, 2, args.num_blocks, slo_ms)
+            with running_up(Path(tmp), cli, ENV, START_TIMEOUT_S) as up:
+                if args.soak is not None:
+                    soaked = asyncio.run(run_soak(ChaosCluster(up), args))
+                    print_soak(soaked)
+                    return 0 if soaked.clean else 1
+                reports += asyncio.run(run_faults(ChaosCluster(up), on_one_host, args))
+        if on_worker_hosts and not not_run:
+            head_flags = up_args(0, 0, 1, args.num_blocks, slo_ms)
+            with on_hosts(Path(tmp), head_flags, args.num_blocks) as cluster:
+                reports += asyncio.run(run_faults(cluster, on_worker_hosts, args))
+    print(format_table(reports, chosen, not_run))
     write_rows(reports, args.json)
     bad = [r.fault for r in reports if r.errors.total or r.inexact_streams]
     if bad:

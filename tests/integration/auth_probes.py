@@ -1,5 +1,5 @@
 """What a caller without the cluster secret tries, and how each attempt is refused; and the
-real transfer a member then makes into the same reservation.
+real transfer a member then makes into the same reservation. A KV push: kv_auth_probe.py.
 
 Shared by the single-host auth tests (test_cluster_auth.py, in the test process) and the
 multi-host ones (test_multi_host.py, from a host of its own: ``python -m
@@ -11,22 +11,10 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Iterator
-from dataclasses import replace
 from urllib.parse import SplitResult
 
 import grpc
-import pytest
 
-from pdserve.kv_transfer import (
-    KVPoolLayout,
-    KVSender,
-    TransferConfig,
-    TransferHeader,
-    TransferState,
-    make_sender,
-)
-from pdserve.kv_transfer.metadata import decode_peer
-from pdserve.kv_transfer.peer_process import make_pool
 from pdserve.proto import common_pb2, worker_pb2, worker_pb2_grpc
 from pdserve.worker.cluster_secret import ClusterSecret
 from pdserve.worker.mutual_tls import client_tls
@@ -52,37 +40,6 @@ def stats_error(address: str, secret: ClusterSecret | None) -> tuple[grpc.Status
         except grpc.RpcError as err:
             return err.code(), err.details() or ""
     return grpc.StatusCode.OK, ""
-
-
-def push_without_the_secret(dest: worker_pb2.KVDestination) -> None:
-    """Outsiders try to write the reserved blocks: with another cluster's key, with none
-    (refused by the receiver's metadata before connecting), and as a raw header."""
-    peer = decode_peer(dest.agent_metadata, "tcp")
-    assert peer.auth
-    layout = replace(peer.layout, num_blocks=len(dest.block_ids))
-    src = list(range(len(dest.block_ids)))
-    with _outsider(layout, ClusterSecret.generate().kv_transfer_key()) as other_cluster:
-        handle = other_cluster.send(dest.transfer_id, src, dest.agent_metadata, dest.block_ids)
-        assert handle.wait(10) is TransferState.FAILED
-        assert "closed the connection during the KV handshake" in (handle.error or "")
-    with _outsider(layout, None) as keyless, pytest.raises(ValueError, match="requires auth"):
-        keyless.send(dest.transfer_id, src, dest.agent_metadata, dest.block_ids)
-    header = TransferHeader.for_layout(layout, dest.transfer_id, tuple(dest.block_ids), False)
-    with socket.create_connection((peer.fields["host"], peer.fields["port"]), timeout=10) as sock:
-        assert sock.recv(64).startswith(b"PDKA")  # a challenge: the receiver reads no header
-        sock.sendall(header.encode())
-        with contextlib.suppress(ConnectionResetError):
-            assert sock.recv(1024) == b""  # closed without an answer
-
-
-@contextlib.contextmanager
-def _outsider(layout: KVPoolLayout, key: bytes | None) -> Iterator[KVSender]:
-    sender = make_sender("tcp", TransferConfig(timeout_s=10, auth_key=key))
-    sender.register_pool(make_pool(layout, seed=5))
-    try:
-        yield sender
-    finally:
-        sender.close()
 
 
 def prefill_then_decode(

@@ -7,7 +7,7 @@
 Run on the test's outsider host (a network namespace of its own, bench/netns_hosts.py),
 each prints one JSON line of what happened; the test asserts on it.
 ``grpc``: GetStats' code and details in plaintext and with another cluster's certificate.
-``kv``: ``auth_probes.push_without_the_secret`` against a reserved destination (its own
+``kv``: ``kv_auth_probe.push_without_the_secret`` against a reserved destination (its own
 assertions end the program with an error). ``redis``: the replies to GET and SET without
 the password, and the error a redis-py client gets.
 """
@@ -23,7 +23,7 @@ import redis
 
 from pdserve.proto import worker_pb2
 from pdserve.worker.cluster_secret import ClusterSecret
-from tests.integration.auth_probes import push_without_the_secret, redis_replies, stats_error
+from tests.integration.auth_probes import redis_replies, stats_error
 
 
 def main(probe: str, *args: str) -> dict[str, object]:
@@ -34,6 +34,9 @@ def main(probe: str, *args: str) -> dict[str, object]:
             for address in args
         }
     if probe == "kv":
+        # Here only: it loads torch, seconds that the other probes' processes do without.
+        from tests.integration.kv_auth_probe import push_without_the_secret
+
         (destination,) = args
         push_without_the_secret(worker_pb2.KVDestination.FromString(bytes.fromhex(destination)))
         return {"refused": True}

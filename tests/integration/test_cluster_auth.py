@@ -32,13 +32,13 @@ from pdserve.proto import worker_pb2
 from pdserve.worker.cluster_secret import ClusterSecret, read_secret_file
 from tests.integration.auth_probes import (
     prefill_then_decode,
-    push_without_the_secret,
     redis_replies,
     stats_error,
     worker_stub,
 )
 from tests.integration.certificates import self_signed_certificate
 from tests.integration.cluster_proc import UpProcess, grpc_generate, start_up
+from tests.integration.kv_auth_probe import push_without_the_secret
 from tests.integration.worker_procs import greedy, offline_llm
 
 pytestmark = pytest.mark.slow

@@ -14,6 +14,8 @@ One cluster for the module (real Ray, redis-server, four worker actors with the 
 
 Without Ray or Redis (worker processes and an in-process router, so it starts in seconds):
 
+- a decode worker frozen (SIGSTOP) mid-stream for 5 s: the stream completes with the
+  offline engine's tokens, the worker serves again after SIGCONT;
 - a decode worker SIGKILLed mid-stream: the router replays prompt + the tokens sent so far
   on the other decode worker, and the client's greedy stream equals the offline engine's,
   with no token lost or repeated; the next request is served. The surviving worker's own
@@ -26,9 +28,9 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -266,11 +268,16 @@ def test_scale_down_drains_a_busy_decode_worker_and_scale_up_adds_one(
 # -- a decode worker killed mid-stream (worker processes, in-process router) ---------------
 
 FAILOVER_TOKENS = 40
+FREEZE_S = 5.0
 
 
-@pytest.fixture()
-def one_by_two(tmp_path: Path) -> Iterator[tuple[dict[str, WorkerProc], StubCluster]]:
-    """1 prefill + 2 decode worker processes and a router in front of them."""
+@pytest.fixture(scope="module")
+def one_by_two(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[dict[str, WorkerProc], StubCluster]]:
+    """1 prefill + 2 decode worker processes and a router in front of them. The tests that
+    use it run in file order: the freeze leaves both decode workers serving, the kill last."""
+    tmp_path = tmp_path_factory.mktemp("one_by_two")
     common = ("--num-blocks", "64", "--kv-backend", "nixl")
     launched = [launch_worker("prefill-0", "prefill", tmp_path, *common)]
     launched += [launch_worker(f"decode-{i}", "decode", tmp_path, *common) for i in range(2)]
@@ -295,6 +302,61 @@ def serving_decode_worker(workers: dict[str, WorkerProc]) -> WorkerProc:
     return serving
 
 
+def stream_striking_mid_way(
+    router: StubCluster,
+    ids: list[int],
+    strike: Callable[[WorkerProc], None],
+    workers: dict[str, WorkerProc],
+) -> tuple[list[inference_pb2.GenerateTextResponse], WorkerProc]:
+    """A greedy stream of ``FAILOVER_TOKENS``; after its 4th token ``strike`` hits the decode
+    worker serving it. The responses, and the worker struck."""
+    request = inference_pb2.GenerateTextRequest(
+        token_ids=inference_pb2.TokenIds(ids=ids),
+        params=common_pb2.SamplingParams(
+            max_tokens=FAILOVER_TOKENS, temperature=0.0, ignore_eos=True
+        ),
+    )
+    responses: list[inference_pb2.GenerateTextResponse] = []
+    struck: WorkerProc | None = None
+    with grpc.insecure_channel(router.grpc_address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        for response in stub.Generate(request, timeout=120):
+            responses.append(response)
+            if struck is None and sum(len(r.chunk.token_ids) for r in responses) >= 4:
+                struck = serving_decode_worker(workers)
+                strike(struck)
+    assert struck is not None
+    return responses, struck
+
+
+def test_decode_worker_frozen_mid_stream_the_stream_completes_unchanged(
+    one_by_two: tuple[dict[str, WorkerProc], StubCluster], reference: Any
+) -> None:
+    # SIGSTOP for longer than the router's keepalive allows (3 s): whether the stream waits
+    # for the worker or is replayed on the other one, its tokens are the offline engine's.
+    workers, router = one_by_two
+    ids = reference.tokenizer.encode(OTHER_PROMPT)
+    params = SamplingParams(max_tokens=FAILOVER_TOKENS, temperature=0.0, ignore_eos=True)
+    (expected,) = reference.generate([ids], params)
+    resumes: list[threading.Timer] = []
+
+    def freeze(worker: WorkerProc) -> None:
+        os.kill(worker.process.pid, signal.SIGSTOP)
+        resumes.append(threading.Timer(FREEZE_S, os.kill, (worker.process.pid, signal.SIGCONT)))
+        resumes[-1].start()
+
+    try:
+        responses, frozen = stream_striking_mid_way(router, ids, freeze, workers)
+    finally:
+        for timer in resumes:
+            timer.join()
+    assert [t for r in responses for t in r.chunk.token_ids] == expected.token_ids
+    assert responses[-1].chunk.finish_reason == "length"
+    assert frozen.stats().free_blocks > 0  # resumed, it answers
+    again = grpc_generate(router.grpc_address, ids, MAX_TOKENS)  # the cluster keeps serving
+    assert again.token_ids == expected_ids(reference, ids)
+
+
 def test_decode_worker_killed_mid_stream_the_stream_goes_on_unchanged(
     one_by_two: tuple[dict[str, WorkerProc], StubCluster], reference: Any
 ) -> None:
@@ -302,24 +364,8 @@ def test_decode_worker_killed_mid_stream_the_stream_goes_on_unchanged(
     ids = reference.tokenizer.encode(LONG_PROMPT)
     params = SamplingParams(max_tokens=FAILOVER_TOKENS, temperature=0.0, ignore_eos=True)
     (expected,) = reference.generate([ids], params)
-    request = inference_pb2.GenerateTextRequest(
-        token_ids=inference_pb2.TokenIds(ids=ids),
-        params=common_pb2.SamplingParams(
-            max_tokens=FAILOVER_TOKENS, temperature=0.0, ignore_eos=True
-        ),
-    )
-    got_ids: list[int] = []
-    responses = []
-    victim: WorkerProc | None = None
-    with grpc.insecure_channel(router.grpc_address) as channel:
-        stub = inference_pb2_grpc.InferenceStub(channel)
-        for response in stub.Generate(request, timeout=120):
-            responses.append(response)
-            got_ids += response.chunk.token_ids
-            if victim is None and len(got_ids) >= 4:  # mid-stream: kill the one decoding
-                victim = serving_decode_worker(workers)
-                victim.kill()
-    assert victim is not None
+    responses, victim = stream_striking_mid_way(router, ids, WorkerProc.kill, workers)
+    got_ids = [t for r in responses for t in r.chunk.token_ids]
     assert got_ids == expected.token_ids  # none lost, none repeated, the same greedy tokens
     assert "".join(r.chunk.text for r in responses) == expected.text
     (survivor,) = [w for w in workers.values() if w.role == "decode" and w is not victim]

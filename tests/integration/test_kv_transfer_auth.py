@@ -2,12 +2,14 @@
 
 A sender that cannot prove the key is cut off before the receiver reads its header: the
 receiver's pool keeps every byte, the expectation stays open for the real sender, and the
-refusal is counted. NIXL has no handshake of its own (its metadata travels only inside the
-mutual-TLS worker API: kv_transfer/handshake.py).
+refusal is counted. NIXL has no connection to authenticate; its notices carry a MAC under
+the key instead (test_kv_transfer_nixl_auth.py). What both backends share is run on both
+here: a member's transfer, and ends that disagree about the key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -32,46 +34,55 @@ LAYOUT = KVPoolLayout(16, 4, 4, 2, 8, torch.float32)
 SRC, DST = [0, 3, 5, 7], [9, 2, 14, 11]
 KEY, WRONG_KEY = b"cluster-kv-key-A" * 2, b"cluster-kv-key-B" * 2
 TIMEOUT_S = 10.0
+BACKENDS = ("tcp", "nixl")
 
 
 def _config(key: bytes | None) -> TransferConfig:
     return TransferConfig(timeout_s=TIMEOUT_S, io_timeout_s=2.0, auth_key=key)
 
 
-def _sender(key: bytes | None) -> KVSender:
-    sender = make_sender("tcp", _config(key))
+def _sender(key: bytes | None, backend: str = "tcp") -> KVSender:
+    sender = make_sender(backend, _config(key))
     sender.register_pool(make_pool(LAYOUT, seed=7))
     return sender
 
 
-@pytest.fixture()
-def receiver() -> Iterator[tuple[KVReceiver, torch.Tensor]]:
-    endpoint = make_receiver("tcp", _config(KEY))
+@contextlib.contextmanager
+def _receiver(backend: str, key: bytes | None) -> Iterator[tuple[KVReceiver, torch.Tensor]]:
+    endpoint = make_receiver(backend, _config(key))
     pool = make_pool(LAYOUT, seed=3)
     endpoint.register_pool(pool)
-    yield endpoint, pool
-    endpoint.close()
+    try:
+        yield endpoint, pool
+    finally:
+        endpoint.close()
+
+
+@pytest.fixture()
+def receiver() -> Iterator[tuple[KVReceiver, torch.Tensor]]:
+    with _receiver("tcp", KEY) as built:
+        yield built
 
 
 def _tid() -> str:
     return f"req-{uuid.uuid4().hex[:12]}"
 
 
-def test_a_sender_with_the_key_moves_blocks_byte_exact(
-    receiver: tuple[KVReceiver, torch.Tensor],
-) -> None:
-    endpoint, pool = receiver
-    sender = _sender(KEY)
-    try:
-        tid = _tid()
-        done = endpoint.expect(tid, DST)
-        handle = sender.send(tid, SRC, endpoint.connection_metadata(), DST)
-        assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
-        assert done.wait(TIMEOUT_S) is TransferState.DONE, done.error
-        assert torch.equal(pool[DST], make_pool(LAYOUT, seed=7)[SRC])
-        assert endpoint.stats().connections_refused == 0
-    finally:
-        sender.close()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_sender_with_the_key_moves_blocks_byte_exact(backend: str) -> None:
+    with _receiver(backend, KEY) as (endpoint, pool):
+        assert decode_peer(endpoint.connection_metadata(), backend).auth
+        sender = _sender(KEY, backend)
+        try:
+            tid = _tid()
+            done = endpoint.expect(tid, DST)
+            handle = sender.send(tid, SRC, endpoint.connection_metadata(), DST)
+            assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
+            assert done.wait(TIMEOUT_S) is TransferState.DONE, done.error
+            assert torch.equal(pool[DST], make_pool(LAYOUT, seed=7)[SRC])
+            assert endpoint.stats().auth_refused == 0
+        finally:
+            sender.close()
 
 
 def test_a_sender_with_another_key_lands_no_block_and_spoils_nothing(
@@ -89,7 +100,7 @@ def test_a_sender_with_another_key_lands_no_block_and_spoils_nothing(
         assert torch.equal(pool, before)  # every byte of the pool untouched
         assert expected.state is TransferState.PENDING  # the real transfer may still come
         stats = endpoint.stats()
-        assert (stats.connections_refused, stats.transfers_failed, stats.bytes_received) == (
+        assert (stats.auth_refused, stats.transfers_failed, stats.bytes_received) == (
             1,
             0,
             0,
@@ -118,9 +129,9 @@ def test_a_raw_connection_sending_a_header_is_closed_unanswered(
         sock.sendall(header)
         assert _answer(sock) == b""  # closed without an ack: no header was parsed
     deadline = time.monotonic() + 5
-    while endpoint.stats().connections_refused < 1 and time.monotonic() < deadline:
+    while endpoint.stats().auth_refused < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert endpoint.stats().connections_refused == 1
+    assert endpoint.stats().auth_refused == 1
     assert torch.equal(pool, before)
     assert expected.state is TransferState.PENDING
 
@@ -133,20 +144,15 @@ def _answer(sock: socket.socket) -> bytes:
         return b""
 
 
-def test_senders_and_receivers_that_disagree_fail_before_connecting(
-    receiver: tuple[KVReceiver, torch.Tensor],
-) -> None:
-    endpoint, _pool = receiver
-    keyless = _sender(None)
-    open_receiver = make_receiver("tcp", _config(None))
-    open_receiver.register_pool(make_pool(LAYOUT, seed=None))
-    keyed = _sender(KEY)
-    try:
-        with pytest.raises(ValueError, match="requires authenticated connections"):
-            keyless.send(_tid(), SRC, endpoint.connection_metadata(), DST)
-        with pytest.raises(ValueError, match="the receiver does not"):
-            keyed.send(_tid(), SRC, open_receiver.connection_metadata(), DST)
-    finally:
-        keyless.close()
-        keyed.close()
-        open_receiver.close()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_senders_and_receivers_that_disagree_fail_before_connecting(backend: str) -> None:
+    keyless, keyed = _sender(None, backend), _sender(KEY, backend)
+    with _receiver(backend, KEY) as (endpoint, _), _receiver(backend, None) as (open_end, _):
+        try:
+            with pytest.raises(ValueError, match="requires authenticated connections"):
+                keyless.send(_tid(), SRC, endpoint.connection_metadata(), DST)
+            with pytest.raises(ValueError, match="the receiver does not"):
+                keyed.send(_tid(), SRC, open_end.connection_metadata(), DST)
+        finally:
+            keyless.close()
+            keyed.close()

@@ -16,6 +16,8 @@ on a connection of its own; NIXL: a notification from a foreign agent) and check
 What a NIXL receiver cannot refuse is not sent: the sender WRITEs into the receiver's
 registered memory itself and its completion notice is believed (NIXL peers are trusted with
 the pool; NIXL itself refuses writes outside registered memory, see the metadata cases).
+These receivers have no cluster key; with one, a notice must also carry a MAC
+(test_kv_transfer_nixl_auth.py).
 
 Hypothesis runs derandomized, so CI sends the same cases every run. The last test checks
 the totals, so run the whole file.

@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import json
 import os
+import signal
 import socket
 import threading
 import urllib.request
@@ -118,6 +119,24 @@ def test_a_child_serves_the_ports_when_the_parent_router_stops(
     finally:
         thread.run(processes.stop(grace_s=None))
     assert all(not c.is_alive() for c in processes.children)
+
+
+def test_a_child_killed_leaves_the_ports_to_the_others(
+    stub: tuple[LoopThread, StubWorker, str],
+) -> None:
+    # kill -9 closes the child's listening sockets with it: every new connection goes to a
+    # process still alive, so clients' next requests (and retries) are all served.
+    thread = stub[0]
+    processes = start_group(stub, 3)
+    try:
+        child = processes.children[0]
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+        port = processes.service.grpc_port
+        assert [generate(port, f"after {i}") for i in range(8)] == [" w0 w1 w2"] * 8
+    finally:
+        thread.run(processes.stop(grace_s=None))
 
 
 def test_a_child_stops_when_its_parent_goes_away(

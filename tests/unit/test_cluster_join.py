@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from pdserve.cluster.host_address import (
     this_host_address,
 )
 from pdserve.cluster.join_token import JoinToken, ray_auth_env, ray_auth_token
+from pdserve.cluster.ray_node import RayNode, RayNodeSpec, TokenRefused
 from pdserve.cluster.settings import Settings
 from pdserve.cluster.worker_agent import AgentConfig
 from pdserve.cluster.worker_launch import WorkerLaunch
@@ -143,3 +145,37 @@ def test_join_refuses_what_cannot_work() -> None:
     with pytest.raises(ValueError, match="--name"):
         check_host_name("bad name")
     assert check_host_name("gpu-a.rack1") == "gpu-a.rack1"
+
+
+@dataclass(slots=True, frozen=True)
+class _ExitingRayStart(RayNodeSpec):
+    """`ray start` replaced by a program that prints ``output`` and fails."""
+
+    output: str = ""
+
+    def command(self, temp_dir: str) -> list[str]:
+        return [sys.executable, "-c", f"print({self.output!r}); raise SystemExit(1)"]
+
+
+def _failed_start(tmp_path: Path, output: str) -> Exception:
+    spec = _ExitingRayStart("10.0.0.1:6379", "10.0.0.2", "b", 1, tmp_path / "b.ray.log", output)
+    with pytest.raises(Exception) as failed:
+        RayNode(spec).start(timeout_s=30)
+    return failed.value
+
+
+def test_a_refused_token_is_named_in_one_line_and_other_failures_show_rays_output(
+    tmp_path: Path,
+) -> None:
+    """A ValueError: the CLI prints it as one line, without a traceback."""
+    refusal = (
+        "ConnectionError: InvalidAuthToken: Authentication token is missing or incorrect\n"
+        "ray.exceptions.AuthenticationError: ..."
+    )
+    refused = _failed_start(tmp_path, refusal)
+    assert isinstance(refused, TokenRefused) and isinstance(refused, ValueError)
+    message = str(refused)
+    assert "\n" not in message and "10.0.0.1:6379" in message
+    assert "the join token is wrong or stale" in message and "b.ray.log" in message
+    other = _failed_start(tmp_path, "could not reach the GCS")
+    assert type(other) is RuntimeError and "could not reach the GCS" in str(other)
