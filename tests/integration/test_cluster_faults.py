@@ -302,6 +302,14 @@ def serving_decode_worker(workers: dict[str, WorkerProc]) -> WorkerProc:
     return serving
 
 
+def failover_greedy(reference: Any, prompt: str) -> tuple[list[int], Any]:
+    """``prompt``'s ids and the offline engine's greedy output of ``FAILOVER_TOKENS``."""
+    ids = reference.tokenizer.encode(prompt)
+    params = SamplingParams(max_tokens=FAILOVER_TOKENS, temperature=0.0, ignore_eos=True)
+    (expected,) = reference.generate([ids], params)
+    return ids, expected
+
+
 def stream_striking_mid_way(
     router: StubCluster,
     ids: list[int],
@@ -335,9 +343,7 @@ def test_decode_worker_frozen_mid_stream_the_stream_completes_unchanged(
     # SIGSTOP for longer than the router's keepalive allows (3 s): whether the stream waits
     # for the worker or is replayed on the other one, its tokens are the offline engine's.
     workers, router = one_by_two
-    ids = reference.tokenizer.encode(OTHER_PROMPT)
-    params = SamplingParams(max_tokens=FAILOVER_TOKENS, temperature=0.0, ignore_eos=True)
-    (expected,) = reference.generate([ids], params)
+    ids, expected = failover_greedy(reference, OTHER_PROMPT)
     resumes: list[threading.Timer] = []
 
     def freeze(worker: WorkerProc) -> None:
@@ -361,9 +367,7 @@ def test_decode_worker_killed_mid_stream_the_stream_goes_on_unchanged(
     one_by_two: tuple[dict[str, WorkerProc], StubCluster], reference: Any
 ) -> None:
     workers, router = one_by_two
-    ids = reference.tokenizer.encode(LONG_PROMPT)
-    params = SamplingParams(max_tokens=FAILOVER_TOKENS, temperature=0.0, ignore_eos=True)
-    (expected,) = reference.generate([ids], params)
+    ids, expected = failover_greedy(reference, LONG_PROMPT)
     responses, victim = stream_striking_mid_way(router, ids, WorkerProc.kill, workers)
     got_ids = [t for r in responses for t in r.chunk.token_ids]
     assert got_ids == expected.token_ids  # none lost, none repeated, the same greedy tokens

@@ -9,77 +9,46 @@ here: a member's transfer, and ends that disagree about the key.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 import torch
 
-from pdserve.kv_transfer import (
-    KVPoolLayout,
-    TransferConfig,
-    TransferHeader,
-    TransferState,
-    make_receiver,
-    make_sender,
-)
-from pdserve.kv_transfer.connector import KVReceiver, KVSender
+from pdserve.kv_transfer import TransferHeader, TransferState
+from pdserve.kv_transfer.connector import KVReceiver
 from pdserve.kv_transfer.metadata import decode_peer
-from pdserve.kv_transfer.peer_process import make_pool
+from tests.integration.kv_endpoints import (
+    DST,
+    KEY,
+    LAYOUT,
+    SRC,
+    TIMEOUT_S,
+    WRONG_KEY,
+    assert_member_lands,
+    kv_receiver,
+    kv_sender,
+    transfer_id,
+)
 
-LAYOUT = KVPoolLayout(16, 4, 4, 2, 8, torch.float32)
-SRC, DST = [0, 3, 5, 7], [9, 2, 14, 11]
-KEY, WRONG_KEY = b"cluster-kv-key-A" * 2, b"cluster-kv-key-B" * 2
-TIMEOUT_S = 10.0
 BACKENDS = ("tcp", "nixl")
-
-
-def _config(key: bytes | None) -> TransferConfig:
-    return TransferConfig(timeout_s=TIMEOUT_S, io_timeout_s=2.0, auth_key=key)
-
-
-def _sender(key: bytes | None, backend: str = "tcp") -> KVSender:
-    sender = make_sender(backend, _config(key))
-    sender.register_pool(make_pool(LAYOUT, seed=7))
-    return sender
-
-
-@contextlib.contextmanager
-def _receiver(backend: str, key: bytes | None) -> Iterator[tuple[KVReceiver, torch.Tensor]]:
-    endpoint = make_receiver(backend, _config(key))
-    pool = make_pool(LAYOUT, seed=3)
-    endpoint.register_pool(pool)
-    try:
-        yield endpoint, pool
-    finally:
-        endpoint.close()
 
 
 @pytest.fixture()
 def receiver() -> Iterator[tuple[KVReceiver, torch.Tensor]]:
-    with _receiver("tcp", KEY) as built:
+    with kv_receiver("tcp", KEY) as built:
         yield built
-
-
-def _tid() -> str:
-    return f"req-{uuid.uuid4().hex[:12]}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_sender_with_the_key_moves_blocks_byte_exact(backend: str) -> None:
-    with _receiver(backend, KEY) as (endpoint, pool):
+    with kv_receiver(backend, KEY) as (endpoint, pool):
         assert decode_peer(endpoint.connection_metadata(), backend).auth
-        sender = _sender(KEY, backend)
+        sender = kv_sender(KEY, backend)
         try:
-            tid = _tid()
-            done = endpoint.expect(tid, DST)
-            handle = sender.send(tid, SRC, endpoint.connection_metadata(), DST)
-            assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
-            assert done.wait(TIMEOUT_S) is TransferState.DONE, done.error
-            assert torch.equal(pool[DST], make_pool(LAYOUT, seed=7)[SRC])
+            tid = transfer_id()
+            assert_member_lands(sender, endpoint, pool, tid, endpoint.expect(tid, DST))
             assert endpoint.stats().auth_refused == 0
         finally:
             sender.close()
@@ -90,9 +59,9 @@ def test_a_sender_with_another_key_lands_no_block_and_spoils_nothing(
 ) -> None:
     endpoint, pool = receiver
     before = pool.clone()
-    intruder, member = _sender(WRONG_KEY), _sender(KEY)
+    intruder, member = kv_sender(WRONG_KEY), kv_sender(KEY)
     try:
-        tid = _tid()
+        tid = transfer_id()
         expected = endpoint.expect(tid, DST)
         refused = intruder.send(tid, SRC, endpoint.connection_metadata(), DST)
         assert refused.wait(TIMEOUT_S) is TransferState.FAILED
@@ -105,9 +74,7 @@ def test_a_sender_with_another_key_lands_no_block_and_spoils_nothing(
             0,
             0,
         )
-        handle = member.send(tid, SRC, endpoint.connection_metadata(), DST)
-        assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
-        assert expected.wait(TIMEOUT_S) is TransferState.DONE
+        assert_member_lands(member, endpoint, pool, tid, expected)
     finally:
         intruder.close()
         member.close()
@@ -119,7 +86,7 @@ def test_a_raw_connection_sending_a_header_is_closed_unanswered(
     """What a keyless sender that ignores the metadata does: its header at once."""
     endpoint, pool = receiver
     before = pool.clone()
-    tid = _tid()
+    tid = transfer_id()
     expected = endpoint.expect(tid, DST)
     peer = decode_peer(endpoint.connection_metadata(), "tcp")
     assert peer.auth
@@ -146,13 +113,13 @@ def _answer(sock: socket.socket) -> bytes:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_senders_and_receivers_that_disagree_fail_before_connecting(backend: str) -> None:
-    keyless, keyed = _sender(None, backend), _sender(KEY, backend)
-    with _receiver(backend, KEY) as (endpoint, _), _receiver(backend, None) as (open_end, _):
+    keyless, keyed = kv_sender(None, backend), kv_sender(KEY, backend)
+    with kv_receiver(backend, KEY) as (endpoint, _), kv_receiver(backend, None) as (open_end, _):
         try:
             with pytest.raises(ValueError, match="requires authenticated connections"):
-                keyless.send(_tid(), SRC, endpoint.connection_metadata(), DST)
+                keyless.send(transfer_id(), SRC, endpoint.connection_metadata(), DST)
             with pytest.raises(ValueError, match="the receiver does not"):
-                keyed.send(_tid(), SRC, open_end.connection_metadata(), DST)
+                keyed.send(transfer_id(), SRC, open_end.connection_metadata(), DST)
         finally:
             keyless.close()
             keyed.close()

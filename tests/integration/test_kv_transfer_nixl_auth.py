@@ -24,15 +24,8 @@ from typing import Any
 import pytest
 import torch
 
-from pdserve.kv_transfer import (
-    KVPoolLayout,
-    TransferConfig,
-    TransferHeader,
-    TransferState,
-    make_receiver,
-    make_sender,
-)
-from pdserve.kv_transfer.connector import KVReceiver, KVSender
+from pdserve.kv_transfer import TransferHeader, TransferState, make_receiver
+from pdserve.kv_transfer.connector import KVReceiver
 from pdserve.kv_transfer.metadata import decode_peer
 from pdserve.kv_transfer.nixl_agent import (
     NOTIFY_BEGIN,
@@ -43,37 +36,29 @@ from pdserve.kv_transfer.nixl_agent import (
 )
 from pdserve.kv_transfer.notice_mac import seal_notice
 from pdserve.kv_transfer.peer_process import make_pool
+from tests.integration.kv_endpoints import (
+    DST,
+    KEY,
+    LAYOUT,
+    SRC,
+    TIMEOUT_S,
+    WRONG_KEY,
+    assert_member_lands,
+    kv_config,
+    kv_receiver,
+    kv_sender,
+    transfer_id,
+)
 
-LAYOUT = KVPoolLayout(16, 4, 4, 2, 8, torch.float32)
-SRC, DST = [0, 3, 5, 7], [9, 2, 14, 11]
-KEY, WRONG_KEY = b"cluster-kv-key-A" * 2, b"cluster-kv-key-B" * 2
-TIMEOUT_S = 10.0
 # How long a metadata request gets to be answered: the listening agent below answers in
 # well under a second on this machine.
 FETCH_WAIT_S = 3.0
 
 
-def _config(key: bytes | None) -> TransferConfig:
-    return TransferConfig(timeout_s=TIMEOUT_S, auth_key=key)
-
-
-def _sender(key: bytes | None) -> KVSender:
-    sender = make_sender("nixl", _config(key))
-    sender.register_pool(make_pool(LAYOUT, seed=7))
-    return sender
-
-
 @pytest.fixture()
 def receiver() -> Iterator[tuple[KVReceiver, torch.Tensor]]:
-    endpoint = make_receiver("nixl", _config(KEY))
-    pool = make_pool(LAYOUT, seed=3)
-    endpoint.register_pool(pool)
-    yield endpoint, pool
-    endpoint.close()
-
-
-def _tid() -> str:
-    return f"req-{uuid.uuid4().hex[:12]}"
+    with kv_receiver("nixl", KEY) as built:
+        yield built
 
 
 def _wait_for(done: Callable[[], bool], what: str, drive: Agent | None = None) -> None:
@@ -122,8 +107,9 @@ def test_no_port_hands_out_a_receivers_nixl_metadata() -> None:
     included) and NIXL's default port are asked for the receiver's metadata: none answers."""
     api = load_nixl()
     before = _listening_addresses()
-    endpoint = make_receiver("nixl", _config(KEY))
-    endpoint.register_pool(make_pool(LAYOUT, seed=3))
+    endpoint = make_receiver("nixl", kv_config(KEY))
+    pool = make_pool(LAYOUT, seed=3)
+    endpoint.register_pool(pool)
     name = decode_peer(endpoint.connection_metadata(), "nixl").fields["agent"]
     opened = _listening_addresses() - before
 
@@ -147,14 +133,10 @@ def test_no_port_hands_out_a_receivers_nixl_metadata() -> None:
             asker.fetch_remote_metadata(name, host, port)
         time.sleep(FETCH_WAIT_S)
         assert not asker.check_remote_metadata(name)
-        sent = make_sender("nixl", _config(KEY))  # the receiver still serves a member
+        sent = kv_sender(KEY, "nixl")  # the receiver still serves a member
         try:
-            sent.register_pool(make_pool(LAYOUT, seed=7))
-            tid = _tid()
-            expected = endpoint.expect(tid, DST)
-            handle = sent.send(tid, SRC, endpoint.connection_metadata(), DST)
-            assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
-            assert expected.wait(TIMEOUT_S) is TransferState.DONE, expected.error
+            tid = transfer_id()
+            assert_member_lands(sent, endpoint, pool, tid, endpoint.expect(tid, DST))
         finally:
             sent.close()
     finally:
@@ -168,10 +150,10 @@ def test_notices_without_a_valid_mac_are_refused_and_the_real_transfer_follows(
     without a MAC, under another key and sealed for another receiver."""
     endpoint, pool = receiver
     before = pool.clone()
-    tid = _tid()
+    tid = transfer_id()
     expected = endpoint.expect(tid, DST)
-    outsider = Agent("outsider", _config(None).ucx_tls)
-    sender = _sender(KEY)
+    outsider = Agent("outsider", kv_config(None).ucx_tls)
+    sender = kv_sender(KEY, "nixl")
     try:
         remote = outsider.add_remote(decode_peer(endpoint.connection_metadata(), "nixl").blob)
         header = TransferHeader.for_layout(LAYOUT, tid, tuple(DST), int8=False).encode()
@@ -191,10 +173,7 @@ def test_notices_without_a_valid_mac_are_refused_and_the_real_transfer_follows(
         stats = endpoint.stats()
         assert (stats.transfers_ok, stats.transfers_failed, stats.bytes_received) == (0, 0, 0)
         assert torch.equal(pool, before)
-        handle = sender.send(tid, SRC, endpoint.connection_metadata(), DST)
-        assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
-        assert expected.wait(TIMEOUT_S) is TransferState.DONE, expected.error
-        assert torch.equal(pool[DST], make_pool(LAYOUT, seed=7)[SRC])
+        assert_member_lands(sender, endpoint, pool, tid, expected)
     finally:
         sender.close()
         outsider.close()
@@ -207,19 +186,16 @@ def test_a_sender_with_another_key_completes_nothing(
     but its notices are refused: the transfer is not completed, no block is accepted, and
     the real sender's transfer overwrites those blocks and completes."""
     endpoint, pool = receiver
-    intruder, member = _sender(WRONG_KEY), _sender(KEY)
+    intruder, member = kv_sender(WRONG_KEY, "nixl"), kv_sender(KEY, "nixl")
     try:
-        tid = _tid()
+        tid = transfer_id()
         expected = endpoint.expect(tid, DST)
         wrote = intruder.send(tid, list(reversed(SRC)), endpoint.connection_metadata(), DST)
         assert wrote.wait(TIMEOUT_S) is TransferState.DONE  # the sender cannot tell
         _wait_for(lambda: endpoint.stats().auth_refused == 2, "begin and done refused")
         assert expected.state is TransferState.PENDING
         assert endpoint.stats().transfers_ok == 0
-        handle = member.send(tid, SRC, endpoint.connection_metadata(), DST)
-        assert handle.wait(TIMEOUT_S) is TransferState.DONE, handle.error
-        assert expected.wait(TIMEOUT_S) is TransferState.DONE, expected.error
-        assert torch.equal(pool[DST], make_pool(LAYOUT, seed=7)[SRC])
+        assert_member_lands(member, endpoint, pool, tid, expected)
         assert endpoint.stats().auth_refused == 2
     finally:
         intruder.close()
