@@ -79,15 +79,20 @@ class ChaosCluster:
 
 
 def up_args(
-    prefill: int, decode: int, routers: int, num_blocks: int, slo_ms: tuple[float, float]
+    prefill: int,
+    decode: int,
+    routers: int,
+    num_blocks: int,
+    slo_ms: tuple[float, float],
+    shed_factor: float = 3.0,
 ) -> tuple[str, ...]:
     """`pdserve up`'s flags; the router gets the benchmark's SLO, and admission that follows
-    it (its concurrency limit, and shedding past 3x the TTFT objective)."""
+    it (its concurrency limit, and shedding past ``shed_factor`` x the TTFT objective)."""
     return (
         "--prefill", str(prefill), "--decode", str(decode),
         "--router-processes", str(routers), "--num-blocks", str(num_blocks),
         "--slo-ttft-ms", str(slo_ms[0]), "--slo-tpot-ms", str(slo_ms[1]),
-        "--adaptive-concurrency", "--shed-ttft-factor", "3",
+        "--adaptive-concurrency", "--shed-ttft-factor", str(shed_factor),
     )  # fmt: skip
 
 

@@ -58,6 +58,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--window-s", type=float, default=10.0, help="goodput window")
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     p.add_argument("--slo-tpot-ms", type=float, default=250.0)
+    p.add_argument(
+        "--shed-ttft-factor", type=float, default=3.0,
+        help="the router refuses a request that would queue past this many TTFT objectives",
+    )  # fmt: skip
     p.add_argument("--prefill", type=int, default=2)
     p.add_argument("--decode", type=int, default=2)
     p.add_argument("--num-blocks", type=int, default=256, help="KV blocks per worker")
@@ -181,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     slo_ms = (args.slo_ttft_ms, args.slo_tpot_ms)
     with tempfile.TemporaryDirectory(prefix="pdserve-chaos-") as tmp:
         if on_one_host or args.soak is not None:
-            cli = up_args(args.prefill, args.decode, 2, args.num_blocks, slo_ms)
+            shed = args.shed_ttft_factor
+            cli = up_args(args.prefill, args.decode, 2, args.num_blocks, slo_ms, shed)
             with running_up(Path(tmp), cli, ENV, START_TIMEOUT_S) as up:
                 if args.soak is not None:
                     soaked = asyncio.run(run_soak(ChaosCluster(up), args))
@@ -189,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return 0 if soaked.clean else 1
                 reports += asyncio.run(run_faults(ChaosCluster(up), on_one_host, args))
         if on_worker_hosts and not not_run:
-            head_flags = up_args(0, 0, 1, args.num_blocks, slo_ms)
+            head_flags = up_args(0, 0, 1, args.num_blocks, slo_ms, args.shed_ttft_factor)
             with on_hosts(Path(tmp), head_flags, args.num_blocks) as cluster:
                 reports += asyncio.run(run_faults(cluster, on_worker_hosts, args))
     print(format_table(reports, chosen, not_run))
