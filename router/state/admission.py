@@ -16,15 +16,23 @@ class ConcurrencyLimiter:
     """At most ``limit`` requests in flight; over it, fail fast with a retry hint.
 
     With ``adaptive``, the limit follows the service-level objective as TCP's window follows
-    losses (AIMD): each request that meets its objectives raises it by 1/limit (about one per
-    ``limit`` such requests); one that misses lowers it to ``DECREASE`` times the requests
-    then in flight, at most once per ``cooldown_s`` (the requests queued by one overload miss
-    together, and one cut answers them all). It stays within [``floor``, ``ceiling``]. A
-    burst above capacity thus meets a limit near what the workers serve in time, and the
-    rest is refused at once instead of queued to miss its objective.
+    losses: it starts at ``floor``; each request that meets its objectives raises it by 1
+    until the first miss (slow start: it doubles per round of requests), then by 1/limit
+    (about one per ``limit`` such requests); one that misses lowers it to ``DECREASE`` times
+    the requests then in flight, at most once per ``cooldown_s`` (the requests queued by one
+    overload miss together, and one cut answers them all). It stays within [``floor``,
+    ``ceiling``]. A burst above capacity thus meets a limit near what the workers serve in
+    time, and the rest is refused at once instead of queued to miss its objective.
+
+    As in TCP's congestion-window validation (RFC 7661), it grows only while in use: while
+    ``GROWTH_ROOM`` times the most requests in flight since the previous met request reaches
+    it. Otherwise a light load, every request met, would raise it to the ceiling, and a
+    burst would be admitted whole for the seconds until the first miss is known (at the
+    admitted requests' first tokens), every one of them queued past its objective.
     """
 
     DECREASE = 0.7
+    GROWTH_ROOM = 2.0
 
     def __init__(
         self,
@@ -42,8 +50,10 @@ class ConcurrencyLimiter:
         self.cooldown_s = cooldown_s
         self.adaptive = adaptive
         self.active = 0
-        self._window = float(ceiling)
+        self._window = float(floor if adaptive else ceiling)
+        self._slow_start_until = float(ceiling)  # TCP's ssthresh: the last cut, once cut
         self._next_cut_s = -math.inf
+        self._peak = 0  # the most requests in flight since the last met request
 
     @property
     def limit(self) -> int:
@@ -57,6 +67,7 @@ class ConcurrencyLimiter:
                 self.retry_after_s,
             )
         self.active += 1
+        self._peak = max(self._peak, self.active)
 
     def release(self) -> None:
         assert self.active > 0, "release() without a matching acquire()"
@@ -64,14 +75,19 @@ class ConcurrencyLimiter:
 
     def met(self) -> None:
         """A request met its objectives."""
-        if self.adaptive:
-            self._window = min(self.ceiling, self._window + 1 / self._window)
+        if not self.adaptive:
+            return
+        if self.GROWTH_ROOM * self._peak >= self._window:
+            step = 1.0 if self._window < self._slow_start_until else 1 / self._window
+            self._window = min(self.ceiling, self._window + step)
+        self._peak = self.active
 
     def missed(self, now_s: float) -> None:
         """A request missed an objective (known at its first token, or at its end)."""
         if not self.adaptive or now_s < self._next_cut_s:
             return
         self._window = max(self.floor, min(self._window, self.active) * self.DECREASE)
+        self._slow_start_until = self._window
         self._next_cut_s = now_s + self.cooldown_s
 
 

@@ -25,8 +25,13 @@ def test_limiter_refuses_beyond_the_limit_with_a_retry_hint() -> None:
 def test_the_adaptive_limit_cuts_on_a_miss_and_grows_back_on_hits() -> None:
     limiter = ConcurrencyLimiter(ceiling=100, retry_after_s=1, floor=4, cooldown_s=1.0,
                                  adaptive=True)  # fmt: skip
-    for _ in range(40):
-        limiter.acquire()
+    assert limiter.limit == 4  # it starts at the floor
+    while limiter.limit < 40:  # slow start: +1 per met request while in use
+        while limiter.active < limiter.limit:
+            limiter.acquire()
+        limiter.met()
+    assert limiter.limit == 40 and limiter.active == 39
+    limiter.acquire()
     limiter.missed(now_s=10.0)  # 40 in flight: the limit drops to 0.7 x 40
     assert limiter.limit == 28
     limiter.missed(now_s=10.5)  # the same overload: no second cut within the cooldown
@@ -42,9 +47,36 @@ def test_the_adaptive_limit_cuts_on_a_miss_and_grows_back_on_hits() -> None:
     assert limiter.limit == 4
     limiter.met()  # the fifth: one more request allowed
     assert limiter.limit == 5
-    for _ in range(6000):  # additive: from w to w + 1 takes about w hits
+    for _ in range(6000):  # 5 in flight: it grows to twice that and no further
+        limiter.met()
+    assert limiter.limit == 10
+    mets = 0
+    while limiter.limit < 100:  # in use: additive, from w to w + 1 takes about w hits
+        while limiter.active < limiter.limit:
+            limiter.acquire()
+        limiter.met()
+        mets += 1
+    assert 4500 < mets < 5500
+    for _ in range(100):
         limiter.met()
     assert limiter.limit == 100  # never past the ceiling
+
+
+def test_the_adaptive_limit_stays_near_a_light_load_and_a_burst_meets_it() -> None:
+    limiter = ConcurrencyLimiter(ceiling=1024, retry_after_s=1, floor=4, adaptive=True)
+    for _ in range(50):  # a steady load, never more than 3 in flight, every request met
+        for _ in range(3):
+            limiter.acquire()
+        for _ in range(3):
+            limiter.met()
+            limiter.release()
+    assert limiter.limit <= 2 * 3 + 1  # about twice the use, far from the ceiling
+    limit, admitted = limiter.limit, 0
+    with pytest.raises(OverloadedError, match=f"{limit} in flight, limit {limit}"):
+        for _ in range(100):  # a burst: refused past the limit before any verdict is known
+            limiter.acquire()
+            admitted += 1
+    assert admitted == limit
 
 
 def test_a_fixed_limit_ignores_the_verdicts() -> None:
